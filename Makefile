@@ -1,0 +1,36 @@
+# Naiad: the two set-up commands (`make serve`, `make test`) and the demo.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+REPO ?= model_repository
+SILERO_VAD := silero-vad==6.2.3
+
+.PHONY: serve test demo install repo lint clean
+
+$(BIN)/naiad: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip
+	$(BIN)/pip install -e '.[dev]'
+	# silero-vad only ships the ONNX file we serve; its torch dependency is not needed.
+	$(BIN)/pip install --no-deps $(SILERO_VAD)
+	touch $(BIN)/naiad
+
+install: $(BIN)/naiad
+
+repo: install
+	$(BIN)/python examples/build_repository.py $(REPO)
+
+serve: repo
+	$(BIN)/naiad serve --model-repository $(REPO)
+
+demo: repo
+	$(BIN)/python examples/demo.py --model-repository $(REPO)
+
+test: install
+	$(BIN)/python -m pytest -q
+
+lint: install
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV) $(REPO) .naiad-cache

@@ -1,0 +1,136 @@
+"""The tensor datatypes of the KServe v2 protocol and their numpy and config equivalents.
+
+Source: KServe v2 "Tensor Data Types" (https://kserve.github.io/website/docs/concepts/
+architecture/data-plane/v2-protocol) and Triton's ``model_config.proto`` ``DataType`` enum;
+``TYPE_STRING`` in a config is ``BYTES`` on the wire. BYTES elements are serialized as a
+4-byte little-endian length followed by the bytes (Triton binary tensor data extension).
+"""
+
+from __future__ import annotations
+
+import struct
+
+import ml_dtypes
+import numpy as np
+
+from naiad.errors import InvalidInput
+
+# v2 datatype -> numpy dtype (BYTES is an object array of ``bytes``).
+NUMPY_DTYPES: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype(np.uint8),
+    "UINT16": np.dtype(np.uint16),
+    "UINT32": np.dtype(np.uint32),
+    "UINT64": np.dtype(np.uint64),
+    "INT8": np.dtype(np.int8),
+    "INT16": np.dtype(np.int16),
+    "INT32": np.dtype(np.int32),
+    "INT64": np.dtype(np.int64),
+    "FP16": np.dtype(np.float16),
+    "FP32": np.dtype(np.float32),
+    "FP64": np.dtype(np.float64),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "BYTES": np.dtype(np.object_),
+}
+
+# v2 datatypes whose values cannot be written as JSON numbers (Triton: binary only).
+BINARY_ONLY = frozenset({"FP16", "BF16"})
+
+_LEN = struct.Struct("<I")
+
+
+def numpy_dtype(datatype: str) -> np.dtype:
+    """The numpy dtype of a v2 datatype. Raises :class:`InvalidInput` for an unknown one."""
+    try:
+        return NUMPY_DTYPES[datatype]
+    except KeyError:
+        raise InvalidInput(f"unknown datatype '{datatype}'") from None
+
+
+def datatype_of(dtype: np.dtype) -> str:
+    """The v2 datatype of a numpy dtype (object and byte-string arrays are BYTES)."""
+    if dtype.kind in "OSU":
+        return "BYTES"
+    for name, candidate in NUMPY_DTYPES.items():
+        if candidate == dtype and name != "BYTES":
+            return name
+    raise InvalidInput(f"no v2 datatype for numpy dtype {dtype}")
+
+
+def config_to_datatype(config_type_name: str) -> str:
+    """``TYPE_FP32`` -> ``FP32``; ``TYPE_STRING`` -> ``BYTES`` (Triton model_config.proto)."""
+    name = config_type_name.removeprefix("TYPE_")
+    return "BYTES" if name == "STRING" else name
+
+
+def datatype_to_config(datatype: str) -> str:
+    """``FP32`` -> ``TYPE_FP32``; ``BYTES`` -> ``TYPE_STRING``."""
+    return "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
+
+
+def element_size(datatype: str) -> int:
+    """Bytes per element of a fixed-size datatype; 0 for BYTES (variable length)."""
+    return 0 if datatype == "BYTES" else numpy_dtype(datatype).itemsize
+
+
+def serialize_bytes(array: np.ndarray) -> bytes:
+    """Flatten a BYTES tensor (row-major) into length-prefixed elements.
+
+    Each element is ``bytes`` or ``str`` (encoded as UTF-8); the prefix is a uint32 LE.
+    """
+    parts = []
+    for item in array.reshape(-1):
+        raw = item.encode() if isinstance(item, str) else bytes(item)
+        parts.append(_LEN.pack(len(raw)))
+        parts.append(raw)
+    return b"".join(parts)
+
+
+def deserialize_bytes(buffer: bytes | memoryview, count: int | None = None) -> np.ndarray:
+    """Parse length-prefixed elements into a flat object array of ``bytes``.
+
+    Raises :class:`InvalidInput` when a length runs past the buffer, or when ``count`` is
+    given and the buffer holds a different number of elements.
+    """
+    view = memoryview(buffer)
+    items: list[bytes] = []
+    offset = 0
+    while offset < len(view):
+        if offset + 4 > len(view):
+            raise InvalidInput("BYTES tensor data ends inside a length prefix")
+        (size,) = _LEN.unpack_from(view, offset)
+        offset += 4
+        if offset + size > len(view):
+            raise InvalidInput("BYTES tensor element runs past the end of its data")
+        items.append(bytes(view[offset : offset + size]))
+        offset += size
+    if count is not None and len(items) != count:
+        raise InvalidInput(f"BYTES tensor holds {len(items)} elements, its shape needs {count}")
+    result = np.empty(len(items), dtype=np.object_)
+    result[:] = items
+    return result
+
+
+def to_bytes(array: np.ndarray, datatype: str) -> bytes:
+    """Raw little-endian row-major bytes of a tensor, as the binary extension sends them."""
+    if datatype == "BYTES":
+        return serialize_bytes(array)
+    dtype = numpy_dtype(datatype)
+    return np.ascontiguousarray(array, dtype=dtype.newbyteorder("<")).tobytes()
+
+
+def from_bytes(buffer: bytes | memoryview, datatype: str, shape: list[int]) -> np.ndarray:
+    """Build a tensor of ``shape`` from raw bytes; the size must match exactly.
+
+    Raises :class:`InvalidInput` when the byte count disagrees with shape and datatype.
+    """
+    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    if datatype == "BYTES":
+        return deserialize_bytes(buffer, count).reshape(shape)
+    dtype = numpy_dtype(datatype)
+    expected = count * dtype.itemsize
+    if len(buffer) != expected:
+        raise InvalidInput(
+            f"tensor data has {len(buffer)} bytes, shape {shape} of {datatype} needs {expected}"
+        )
+    return np.frombuffer(buffer, dtype=dtype.newbyteorder("<")).astype(dtype, copy=False).reshape(shape)

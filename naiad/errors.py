@@ -1,0 +1,96 @@
+"""One error hierarchy for the whole server, each error carrying its HTTP status.
+
+Transports map these once: the aiohttp middleware answers ``{"error": message}`` with
+``status``; the gRPC interceptor uses :data:`GRPC_CODES` (the table in Triton's
+``src/grpc/grpc_utils.cc``, which follows the HTTP⇄gRPC mapping of
+https://github.com/grpc/grpc/blob/master/doc/http-grpc-status-mapping.md).
+"""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+
+
+class NaiadError(Exception):
+    """Base error: ``status`` is the HTTP status the client gets, the message its ``error``."""
+
+    status: HTTPStatus = HTTPStatus.INTERNAL_SERVER_ERROR
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidInput(NaiadError):
+    """The request is malformed or does not match the model's configuration (400)."""
+
+    status = HTTPStatus.BAD_REQUEST
+
+
+class ModelNotFound(NaiadError):
+    """No such model, or no such version of it (404)."""
+
+    status = HTTPStatus.NOT_FOUND
+
+
+class ModelNotReady(NaiadError):
+    """The model exists but is not loadable: a broken config or missing model file (400,
+    as Triton answers a request to an unavailable model)."""
+
+    status = HTTPStatus.BAD_REQUEST
+
+
+class Unavailable(NaiadError):
+    """A dependency (Redis, the object store, the worker pool) cannot serve now (503)."""
+
+    status = HTTPStatus.SERVICE_UNAVAILABLE
+
+
+class DeadlineExceeded(NaiadError):
+    """The request's timeout passed before an answer came (504)."""
+
+    status = HTTPStatus.GATEWAY_TIMEOUT
+
+
+class Unsupported(NaiadError):
+    """A valid protocol feature this server does not implement (501)."""
+
+    status = HTTPStatus.NOT_IMPLEMENTED
+
+
+class InferenceFailed(NaiadError):
+    """The backend raised while running the model (500); the message is the backend's."""
+
+    status = HTTPStatus.INTERNAL_SERVER_ERROR
+
+
+class RepositoryError(NaiadError):
+    """The model repository is unreachable or holds something unusable (503)."""
+
+    status = HTTPStatus.SERVICE_UNAVAILABLE
+
+
+class ConfigError(InvalidInput):
+    """A ``config.pbtxt`` that does not parse or is inconsistent (400)."""
+
+
+ERRORS_BY_NAME: dict[str, type[NaiadError]] = {
+    cls.__name__: cls
+    for cls in (
+        NaiadError,
+        InvalidInput,
+        ModelNotFound,
+        ModelNotReady,
+        Unavailable,
+        DeadlineExceeded,
+        Unsupported,
+        InferenceFailed,
+        RepositoryError,
+        ConfigError,
+    )
+}
+
+
+def error_from_name(name: str, message: str) -> NaiadError:
+    """Rebuild an error sent over the queue by class name; unknown names become 500s."""
+    return ERRORS_BY_NAME.get(name, NaiadError)(message)
