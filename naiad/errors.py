@@ -47,9 +47,10 @@ class Unavailable(NaiadError):
 
 
 class DeadlineExceeded(NaiadError):
-    """The request's timeout passed before an answer came (504)."""
+    """The request's timeout passed before an answer came: 503 over HTTP (the request may
+    be retried), DEADLINE_EXCEEDED over gRPC."""
 
-    status = HTTPStatus.GATEWAY_TIMEOUT
+    status = HTTPStatus.SERVICE_UNAVAILABLE
 
 
 class Unsupported(NaiadError):

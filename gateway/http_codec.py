@@ -1,0 +1,168 @@
+"""KServe v2 HTTP/REST bodies ⇄ transport-free requests and responses.
+
+JSON tensors follow the KServe v2 REST protocol ("Tensor Data": row-major, flat or nested
+lists; BYTES as strings). Binary tensors follow Triton's binary tensor data extension
+(docs/protocol/extension_binary_data.md): the ``Inference-Header-Content-Length`` header gives
+the JSON header's size, each binary input carries ``parameters.binary_data_size`` and its
+bytes follow the header in input order; outputs are binary when asked per output
+(``parameters.binary_data``) or for all by the request parameter ``binary_data_output``;
+a BF16/FP16 tensor cannot be JSON (Triton answers 400).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from naiad.datatypes import BINARY_ONLY, from_bytes, numpy_dtype, to_bytes
+from naiad.errors import InvalidInput
+from naiad.inference import InferRequest, InferResponse, RequestedOutput, Tensor
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+MAX_DIMS = 64
+
+
+def _parse_header(body: bytes, header_length: int | None) -> tuple[dict[str, Any], memoryview]:
+    if header_length is not None and not 0 < header_length <= len(body):
+        raise InvalidInput(f"{HEADER_LENGTH} {header_length} does not fit a {len(body)}-byte body")
+    end = len(body) if header_length is None else header_length
+    try:
+        header = json.loads(body[:end])
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidInput(f"failed to parse the request JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise InvalidInput("the request body must be a JSON object")
+    return header, memoryview(body)[end:]
+
+
+def _shape(raw: Any, name: str) -> list[int]:
+    if not isinstance(raw, list) or len(raw) > MAX_DIMS:
+        raise InvalidInput(f"input '{name}': 'shape' must be a list of at most {MAX_DIMS} sizes")
+    if not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**63 for d in raw):
+        raise InvalidInput(f"input '{name}': shape {raw} must hold non-negative integers")
+    return raw
+
+
+def _json_data(name: str, datatype: str, data: Any, shape: list[int]) -> np.ndarray:
+    if datatype in BINARY_ONLY:
+        raise InvalidInput(f"input '{name}': {datatype} data must use the binary extension")
+    try:
+        if datatype == "BYTES":
+            flat = np.array(data, dtype=np.object_).reshape(-1)
+            if not all(isinstance(item, str) for item in flat):
+                raise InvalidInput(f"input '{name}': BYTES data must be strings")
+            array = np.empty(flat.size, dtype=np.object_)
+            array[:] = [item.encode() for item in flat]
+        else:
+            array = np.asarray(data, dtype=numpy_dtype(datatype)).reshape(-1)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise InvalidInput(f"input '{name}': data does not fit {datatype}: {exc}") from None
+    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    if array.size != count:
+        raise InvalidInput(f"input '{name}': shape {shape} needs {count} elements, data has {array.size}")
+    return array.reshape(shape)
+
+
+def _input(spec: Any, binary: memoryview, offset: int) -> tuple[Tensor, int]:
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        raise InvalidInput("each input must be an object with a 'name'")
+    name, datatype = spec["name"], spec.get("datatype")
+    if not isinstance(datatype, str):
+        raise InvalidInput(f"input '{name}': missing 'datatype'")
+    numpy_dtype(datatype)
+    shape = _shape(spec.get("shape"), name)
+    size = (spec.get("parameters") or {}).get("binary_data_size")
+    if size is None:
+        if "data" not in spec:
+            raise InvalidInput(f"input '{name}': neither 'data' nor 'binary_data_size' given")
+        return Tensor(name, datatype, shape, _json_data(name, datatype, spec["data"], shape)), offset
+    if not isinstance(size, int) or size < 0 or offset + size > len(binary):
+        raise InvalidInput(f"input '{name}': binary_data_size {size} runs past the request body")
+    data = from_bytes(bytes(binary[offset : offset + size]), datatype, shape)
+    return Tensor(name, datatype, shape, data), offset + size
+
+
+def _requested_output(spec: Any) -> RequestedOutput:
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        raise InvalidInput("each requested output must be an object with a 'name'")
+    params = spec.get("parameters") or {}
+    binary = params.get("binary_data")
+    class_count = params.get("classification", 0)
+    if not isinstance(class_count, int) or class_count < 0:
+        raise InvalidInput(f"output '{spec['name']}': classification must be a non-negative integer")
+    return RequestedOutput(spec["name"], None if binary is None else bool(binary), class_count)
+
+
+def parse_infer_request(
+    body: bytes, header_length: int | None, model: str, version: int
+) -> InferRequest:
+    """Build an :class:`InferRequest` from a v2 HTTP body (JSON, or JSON + binary tensors).
+
+    Raises :class:`InvalidInput` for malformed JSON, bad shapes or data that does not match
+    its shape and datatype, and for binary data that is too short or left over.
+    """
+    header, binary = _parse_header(body, header_length)
+    specs = header.get("inputs")
+    if not isinstance(specs, list) or not specs:
+        raise InvalidInput("the request must have a non-empty 'inputs' list")
+    inputs, offset = [], 0
+    for spec in specs:
+        tensor, offset = _input(spec, binary, offset)
+        inputs.append(tensor)
+    if offset != len(binary):
+        raise InvalidInput(f"{len(binary) - offset} bytes of binary data belong to no input")
+    outputs = [_requested_output(spec) for spec in header.get("outputs") or []]
+    parameters = header.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise InvalidInput("'parameters' must be an object")
+    request_id = header.get("id", "")
+    if not isinstance(request_id, str):
+        raise InvalidInput("'id' must be a string")
+    return InferRequest(model, version, inputs, outputs, request_id, parameters)
+
+
+def _json_values(tensor: Tensor) -> list[Any]:
+    if tensor.datatype == "BYTES":
+        try:
+            return [bytes(item).decode() for item in tensor.data.reshape(-1)]
+        except UnicodeDecodeError:
+            raise InvalidInput(
+                f"output '{tensor.name}' holds non-UTF-8 bytes: request it with binary_data"
+            ) from None
+    return tensor.data.reshape(-1).tolist()
+
+
+def render_infer_response(
+    response: InferResponse, request: InferRequest
+) -> tuple[bytes, dict[str, str]]:
+    """The HTTP body and headers for ``response``: JSON, or JSON + binary outputs.
+
+    An output is binary when its request entry says ``binary_data: true``, or, when it says
+    nothing, when the request parameter ``binary_data_output`` is true (Triton's rule).
+    """
+    default_binary = bool(request.parameters.get("binary_data_output", False))
+    wanted = {output.name: output for output in request.outputs}
+    outputs, chunks = [], []
+    for tensor in response.outputs:
+        choice = wanted[tensor.name].binary if tensor.name in wanted else None
+        item: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape}
+        if (default_binary if choice is None else choice):
+            raw = to_bytes(tensor.data, tensor.datatype)
+            item["parameters"] = {"binary_data_size": len(raw)}
+            chunks.append(raw)
+        else:
+            item["data"] = _json_values(tensor)
+        outputs.append(item)
+    body: dict[str, Any] = {"model_name": response.model, "model_version": str(response.version)}
+    if response.id:
+        body["id"] = response.id
+    if response.parameters:
+        body["parameters"] = response.parameters
+    body["outputs"] = outputs
+    head = json.dumps(body).encode()
+    if not chunks:
+        return head, {"Content-Type": "application/json"}
+    headers = {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(len(head))}
+    return b"".join([head, *chunks]), headers

@@ -1,0 +1,70 @@
+"""Assemble and run the gateway: HTTP and metrics servers on one event loop.
+
+Every resource (Redis pool, reply reader, listening sites, and for ``naiad serve`` the
+local scaler) is opened in :func:`run_gateway` and closed in reverse order on the way out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+import redis.asyncio as aioredis
+from aiohttp import web
+
+from gateway.dataplane import DataPlane
+from gateway.dispatcher import READER_BLOCK_S, QueueDispatcher
+from gateway.http import create_app
+from gateway.metrics import create_metrics_app
+from gateway.registry import ModelRegistry
+from naiad.redis_client import connect
+from naiad.settings import Settings
+from repository_store import open_store
+
+logger = logging.getLogger(__name__)
+
+
+@contextlib.asynccontextmanager
+async def _site(app: web.Application, host: str, port: int) -> AsyncIterator[None]:
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+        yield
+    finally:
+        await runner.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def _dispatcher(redis: aioredis.Redis, redis_url: str) -> AsyncIterator[QueueDispatcher]:
+    reader = connect(redis_url, longest_block_s=READER_BLOCK_S)
+    dispatcher = QueueDispatcher(redis, reader)
+    await dispatcher.start()
+    try:
+        yield dispatcher
+    finally:
+        await dispatcher.stop()
+        await reader.aclose()
+
+
+async def run_gateway(settings: Settings, redis_url: str, stop: asyncio.Event) -> None:
+    """Serve until ``stop`` is set. Indexes the repository into Redis at start."""
+    async with contextlib.AsyncExitStack() as stack:
+        redis = connect(redis_url)
+        stack.push_async_callback(redis.aclose)
+        store = await asyncio.to_thread(open_store, settings.model_repository)
+        registry = ModelRegistry(redis, store)
+        await registry.index()
+        dispatcher = await stack.enter_async_context(_dispatcher(redis, redis_url))
+        dataplane = DataPlane(redis, registry, dispatcher, settings.request_timeout_s)
+        app = create_app(dataplane, settings.http_max_body_bytes)
+        await stack.enter_async_context(_site(app, settings.http_host, settings.http_port))
+        metrics = create_metrics_app(registry)
+        await stack.enter_async_context(_site(metrics, settings.http_host, settings.metrics_port))
+        logger.info(
+            "serving %s: HTTP on :%d, metrics on :%d",
+            settings.model_repository, settings.http_port, settings.metrics_port,
+        )
+        await stop.wait()

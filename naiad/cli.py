@@ -1,0 +1,136 @@
+"""The ``naiad`` command line: ``serve``, ``gateway``, ``scaler`` and ``worker``.
+
+Flags mirror ``tritonserver`` where it has one; each flag also reads from ``NAIAD_<NAME>``
+(see :class:`naiad.settings.Settings`). Each command imports only what it runs, so a worker
+process never loads the web stack and the gateway never loads an ML framework.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from naiad.settings import Settings
+
+# flag -> Settings field, for the flags every command shares.
+COMMON_FLAGS = {
+    "--model-repository": ("model_repository", str, "folder, s3://bucket/prefix or s3://host:port/bucket/prefix"),
+    "--redis-url": ("redis_url", str, "redis:// or unix:// URL (serve: default embedded redis-server)"),
+    "--log-level": ("log_level", str, "DEBUG, INFO, WARNING or ERROR"),
+    "--idle-timeout": ("idle_timeout_s", float, "seconds without requests before a worker exits"),
+    "--cache-dir": ("cache_dir", str, "local cache of pulled model versions"),
+}
+GATEWAY_FLAGS = {
+    "--http-port": ("http_port", int, "KServe v2 HTTP port (default 8000)"),
+    "--metrics-port": ("metrics_port", int, "Prometheus metrics port (default 8002)"),
+    "--request-timeout": ("request_timeout_s", float, "default request timeout, seconds"),
+}
+
+
+def _add(parser: argparse.ArgumentParser, flags: dict) -> None:
+    for flag, (dest, kind, text) in flags.items():
+        parser.add_argument(flag, dest=dest, type=kind, help=text, default=argparse.SUPPRESS)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="naiad", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name, text, flags in (
+        ("serve", "gateway + scaler (+ embedded Redis) on one machine", GATEWAY_FLAGS),
+        ("gateway", "the stateless gateway only", GATEWAY_FLAGS),
+        ("scaler", "the local scaler only", {}),
+        ("worker", "one worker process for one model", {}),
+    ):
+        sub = commands.add_parser(name, help=text)
+        _add(sub, COMMON_FLAGS | flags)
+        if name == "worker":
+            sub.add_argument("--model", required=True, help="model name in the repository")
+    return parser
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    fields = set(Settings.model_fields)
+    return Settings(**{k: v for k, v in vars(args).items() if k in fields})
+
+
+async def _until_signal(*runners) -> None:
+    """Run ``runners(stop_event)`` until SIGINT/SIGTERM, then let each finish cleanly."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    tasks = [asyncio.create_task(runner(stop)) for runner in runners]
+    done, _ = await asyncio.wait([asyncio.create_task(stop.wait()), *tasks],
+                                 return_when=asyncio.FIRST_COMPLETED)
+    stop.set()
+    for task in tasks:
+        if task in done:
+            task.result()
+    await asyncio.gather(*tasks)
+
+
+def _scaler_runner(settings: Settings, redis_url: str):
+    from workers.scaler import LocalScaler  # noqa: PLC0415
+
+    async def run(stop: asyncio.Event) -> None:
+        task = asyncio.create_task(LocalScaler(settings, redis_url).run())
+        await stop.wait()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    return run
+
+
+def _gateway_runner(settings: Settings, redis_url: str):
+    from gateway.server import run_gateway  # noqa: PLC0415
+
+    return lambda stop: run_gateway(settings, redis_url, stop)
+
+
+def cmd_serve(settings: Settings, with_gateway: bool = True, with_scaler: bool = True) -> int:
+    from naiad.redis_server import EmbeddedRedis  # noqa: PLC0415
+
+    with contextlib.ExitStack() as stack:
+        redis_url = settings.redis_url or stack.enter_context(EmbeddedRedis()).url
+        runners = []
+        if with_scaler:
+            runners.append(_scaler_runner(settings, redis_url))
+        if with_gateway:
+            runners.append(_gateway_runner(settings, redis_url))
+        asyncio.run(_until_signal(*runners))
+    return 0
+
+
+def cmd_worker(settings: Settings, model: str) -> int:
+    from workers.worker import Worker  # noqa: PLC0415
+
+    if not settings.redis_url:
+        print("naiad worker: --redis-url is required", file=sys.stderr)
+        return 2
+    return asyncio.run(Worker(settings, model, settings.redis_url).run())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    settings = _settings(args)
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if args.command == "serve":
+        return cmd_serve(settings)
+    if args.command == "gateway":
+        return cmd_serve(settings, with_scaler=False)
+    if args.command == "scaler":
+        return cmd_serve(settings, with_gateway=False)
+    return cmd_worker(settings, args.model)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

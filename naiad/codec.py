@@ -1,0 +1,136 @@
+"""The queue wire codec: a msgpack header plus the tensors' raw bytes. Never pickle.
+
+A request is one Redis stream entry with two fields: ``h`` (msgpack header) and ``d`` (the
+inputs' raw bytes concatenated in header order). A reply is one msgpack array
+``[header, raw]`` pushed to the gateway's reply list. Tensor bytes are little-endian and
+row-major; BYTES tensors use Triton's 4-byte length-prefixed elements
+(:func:`naiad.datatypes.serialize_bytes`), so nothing on the hot path goes through JSON.
+
+Request header keys: ``q`` queue id (unique per enqueue), ``id`` client request id, ``v``
+model version, ``r`` reply list key, ``dl`` deadline (Unix seconds, float), ``t`` enqueue
+time (Unix seconds), ``in`` list of ``[name, datatype, shape, nbytes]``, ``out`` requested
+output names, ``p`` request parameters.
+Reply header keys: ``q``, ``ok`` bool, ``e`` ``[error class name, message]`` when not ok,
+``out`` list of ``[name, datatype, shape, nbytes]``, ``st`` worker timings (ns) by phase.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from naiad.datatypes import from_bytes, to_bytes
+from naiad.errors import InvalidInput, NaiadError, error_from_name
+from naiad.inference import InferRequest, RequestedOutput, Tensor
+
+HEADER = b"h"
+DATA = b"d"
+
+
+@dataclass
+class QueuedRequest:
+    """A request as a worker sees it after decoding a stream entry."""
+
+    queue_id: str
+    request: InferRequest
+    reply_to: str
+    deadline: float
+    enqueued_at: float
+    entry_id: bytes = b""
+
+
+@dataclass
+class Reply:
+    """A worker's answer: either ``outputs`` or ``error``; ``timings_ns`` by phase."""
+
+    queue_id: str
+    outputs: list[Tensor] = field(default_factory=list)
+    error: NaiadError | None = None
+    timings_ns: dict[str, int] = field(default_factory=dict)
+
+
+def _pack_tensors(tensors: list[Tensor]) -> tuple[list[list[Any]], bytes]:
+    specs, chunks = [], []
+    for tensor in tensors:
+        raw = to_bytes(tensor.data, tensor.datatype)
+        specs.append([tensor.name, tensor.datatype, list(tensor.shape), len(raw)])
+        chunks.append(raw)
+    return specs, b"".join(chunks)
+
+
+def _unpack_tensors(specs: list[list[Any]], raw: bytes) -> list[Tensor]:
+    tensors, offset = [], 0
+    view = memoryview(raw)
+    for name, datatype, shape, nbytes in specs:
+        if offset + nbytes > len(view):
+            raise InvalidInput("queue message is shorter than its header says")
+        data = from_bytes(view[offset : offset + nbytes], datatype, shape)
+        tensors.append(Tensor(name, datatype, list(shape), data))
+        offset += nbytes
+    return tensors
+
+
+def encode_request(
+    queue_id: str, request: InferRequest, reply_to: str, deadline: float, now: float
+) -> dict[bytes, bytes]:
+    """Stream-entry fields for ``request``; see the module doc for the header keys."""
+    specs, raw = _pack_tensors(request.inputs)
+    header = {
+        "q": queue_id,
+        "id": request.id,
+        "v": request.version,
+        "r": reply_to,
+        "dl": deadline,
+        "t": now,
+        "in": specs,
+        "out": [output.name for output in request.outputs],
+        "p": request.parameters,
+    }
+    return {HEADER: msgpack.packb(header), DATA: raw}
+
+
+def decode_request(model: str, fields: dict[bytes, bytes], entry_id: bytes = b"") -> QueuedRequest:
+    """Inverse of :func:`encode_request`. Raises :class:`InvalidInput` on a malformed entry."""
+    try:
+        header = msgpack.unpackb(fields[HEADER])
+        inputs = _unpack_tensors(header["in"], fields.get(DATA, b""))
+        request = InferRequest(
+            model=model,
+            version=int(header["v"]),
+            inputs=inputs,
+            outputs=[RequestedOutput(name) for name in header["out"]],
+            id=header["id"],
+            parameters=header["p"],
+        )
+        return QueuedRequest(
+            header["q"], request, header["r"], float(header["dl"]), float(header["t"]), entry_id
+        )
+    except (KeyError, TypeError, ValueError, msgpack.UnpackException) as exc:
+        raise InvalidInput(f"malformed queue message: {exc}") from exc
+
+
+def encode_reply(reply: Reply) -> bytes:
+    """One msgpack value ``[header, raw]`` for the gateway's reply list."""
+    header: dict[str, Any] = {"q": reply.queue_id, "ok": reply.error is None, "st": reply.timings_ns}
+    raw = b""
+    if reply.error is not None:
+        header["e"] = [type(reply.error).__name__, reply.error.message]
+    else:
+        header["out"], raw = _pack_tensors(reply.outputs)
+    return msgpack.packb([header, raw])
+
+
+def decode_reply(payload: bytes) -> Reply:
+    """Inverse of :func:`encode_reply`. Raises :class:`InvalidInput` on a malformed reply."""
+    try:
+        header, raw = msgpack.unpackb(payload)
+        reply = Reply(header["q"], timings_ns=header.get("st", {}))
+        if header["ok"]:
+            reply.outputs = _unpack_tensors(header["out"], raw)
+        else:
+            reply.error = error_from_name(*header["e"])
+        return reply
+    except (KeyError, TypeError, ValueError, msgpack.UnpackException) as exc:
+        raise InvalidInput(f"malformed reply message: {exc}") from exc

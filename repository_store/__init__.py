@@ -1,0 +1,51 @@
+"""The model repository: a local folder or S3, Triton's layout and config, and the
+worker-side download cache."""
+
+from repository_store.cache import ModelCache, PullStats, verify_file
+from repository_store.config import (
+    ModelConfig,
+    backend_of,
+    config_to_json,
+    default_model_filename,
+    parse_config,
+    select_versions,
+    validate_config,
+)
+from repository_store.index import READY, UNAVAILABLE, ModelEntry, index_model, index_repository
+from repository_store.store import (
+    CONFIG_FILENAME,
+    FileInfo,
+    LocalStore,
+    RepositoryStore,
+    S3Store,
+    open_store,
+    validate_model_name,
+)
+from repository_store.uri import RepositoryURI, parse_repository_uri
+
+__all__ = [
+    "CONFIG_FILENAME",
+    "READY",
+    "UNAVAILABLE",
+    "FileInfo",
+    "LocalStore",
+    "ModelCache",
+    "ModelConfig",
+    "ModelEntry",
+    "PullStats",
+    "RepositoryStore",
+    "RepositoryURI",
+    "S3Store",
+    "backend_of",
+    "config_to_json",
+    "default_model_filename",
+    "index_model",
+    "index_repository",
+    "open_store",
+    "parse_config",
+    "parse_repository_uri",
+    "select_versions",
+    "validate_config",
+    "validate_model_name",
+    "verify_file",
+]

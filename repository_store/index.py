@@ -1,0 +1,126 @@
+"""The repository index: every model's config, served versions and readiness.
+
+A model is READY when its config parses and validates, its version policy selects at least
+one version, and each selected version folder holds the backend's model file (Triton's
+readiness rules, model_repository.md and model_management.md). Anything else makes that one
+model UNAVAILABLE with a reason; it never affects the other models.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import msgpack
+
+from naiad.errors import ConfigError, ModelNotFound
+from repository_store.config import (
+    ModelConfig,
+    backend_of,
+    default_model_filename,
+    parse_config,
+    select_versions,
+    validate_config,
+)
+from repository_store.store import FileInfo, RepositoryStore, validate_model_name
+
+READY = "READY"
+UNAVAILABLE = "UNAVAILABLE"
+
+
+@dataclass
+class ModelEntry:
+    """One model of the repository. ``versions`` are those selected by the version policy
+    (ascending; those found so far when unavailable); ``reason`` explains UNAVAILABLE."""
+
+    name: str
+    config: ModelConfig | None
+    versions: list[int] = field(default_factory=list)
+    state: str = UNAVAILABLE
+    reason: str = ""
+
+    @property
+    def ready(self) -> bool:
+        return self.state == READY
+
+    def to_bytes(self) -> bytes:
+        """msgpack encoding; the config travels as its protobuf wire bytes."""
+        return msgpack.packb(
+            {
+                "name": self.name,
+                "config": self.config.SerializeToString() if self.config is not None else None,
+                "versions": list(self.versions),
+                "state": self.state,
+                "reason": self.reason,
+            },
+            use_bin_type=True,
+        )
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> ModelEntry:
+        """Inverse of :meth:`to_bytes`. Raises ``ValueError`` on malformed data."""
+        try:
+            raw = msgpack.unpackb(data, raw=False)
+            config = None
+            if raw["config"] is not None:
+                config = ModelConfig()
+                config.ParseFromString(raw["config"])
+            return cls(raw["name"], config, list(raw["versions"]), raw["state"], raw["reason"])
+        except (KeyError, TypeError, msgpack.UnpackException, ValueError) as exc:
+            raise ValueError(f"malformed model entry: {exc}") from None
+
+
+def index_model(store: RepositoryStore, name: str) -> ModelEntry:
+    """Index one model.
+
+    :raises ModelNotFound: invalid name, or no folder ``name`` in the repository.
+    :raises RepositoryError: the store itself cannot be read. A broken model is never an
+        exception: it comes back UNAVAILABLE with the reason.
+    """
+    validate_model_name(name)
+    if not store.model_exists(name):
+        raise ModelNotFound(f"model '{name}' is not in the repository {store.uri}")
+    return _index(store, name)
+
+
+def index_repository(store: RepositoryStore) -> dict[str, ModelEntry]:
+    """Index every model of the repository, by name (sorted).
+
+    :raises RepositoryError: the store cannot be read.
+    """
+    return {name: _index(store, name) for name in store.list_models()}
+
+
+def _index(store: RepositoryStore, name: str) -> ModelEntry:
+    text = store.read_config(name)
+    if text is None:
+        return ModelEntry(name, None, reason="missing config.pbtxt")
+    try:
+        config = parse_config(text, name)
+        validate_config(config)
+    except ConfigError as exc:
+        return ModelEntry(name, None, reason=exc.message)
+    selected = select_versions(config, store.list_versions(name))
+    entry = ModelEntry(name, config, selected)
+    if not selected:
+        entry.reason = "no version available under the version policy"
+        return entry
+    entry.reason = _missing_files(store, config, selected)
+    entry.state = UNAVAILABLE if entry.reason else READY
+    return entry
+
+
+def _missing_files(store: RepositoryStore, config: ModelConfig, versions: list[int]) -> str:
+    if backend_of(config) == "ensemble":
+        return ""
+    filename = default_model_filename(config)
+    for version in versions:
+        files = store.list_version_files(config.name, version)
+        if not _holds(files, filename):
+            return f"version {version} has no '{filename}'"
+    return ""
+
+
+def _holds(files: list[FileInfo], filename: str) -> bool:
+    """A file named ``filename``, or a folder of that name (``model.savedmodel/``, or an
+    ONNX model with external data in ``model.onnx/``)."""
+    return any(f.path == filename or f.path.startswith(filename + "/") for f in files)

@@ -1,0 +1,217 @@
+"""``examples/build_repository.py``: the example repository it writes is valid for Triton and
+for Naiad, its models run at the shapes their configs declare, and rebuilding changes nothing.
+
+The script runs as ``make repo`` runs it (a subprocess); the checks below re-derive everything
+from the written files with onnxruntime and ``ModelConfig``, not from the script's helpers.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+BUILD = EXAMPLES / "build_repository.py"
+ORT_TYPES = {
+    model_config_pb2.TYPE_FP32: "tensor(float)",
+    model_config_pb2.TYPE_INT64: "tensor(int64)",
+}
+
+
+def build(out_dir: Path) -> str:
+    """Run the build script; returns its stdout."""
+    done = subprocess.run(
+        [sys.executable, str(BUILD), str(out_dir)],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def load_config(model_dir: Path) -> model_config_pb2.ModelConfig:
+    text = (model_dir / "config.pbtxt").read_text()
+    return text_format.Parse(text, model_config_pb2.ModelConfig())
+
+
+def session(model_dir: Path) -> ort.InferenceSession:
+    return ort.InferenceSession(
+        str(model_dir / "1" / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
+
+
+def model_shape(io, config: model_config_pb2.ModelConfig, batch: int) -> list[int]:
+    """The tensor shape the ONNX graph sees: ``reshape`` applied, the batch dim prepended."""
+    dims = list(io.reshape.shape) if io.HasField("reshape") else list(io.dims)
+    return [batch, *dims] if config.max_batch_size > 0 else dims
+
+
+def fits(dims: list[int], shape: tuple[int, ...]) -> bool:
+    return len(dims) == len(shape) and all(d in (-1, s) for d, s in zip(dims, shape, strict=True))
+
+
+def snapshot(root: Path) -> dict[str, tuple[bytes, int, int]]:
+    """Every file under ``root``: its bytes, inode and mtime."""
+    return {
+        str(p.relative_to(root)): (p.read_bytes(), p.stat().st_ino, p.stat().st_mtime_ns)
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out_dir = tmp_path_factory.mktemp("build") / "model_repository"
+    build(out_dir)
+    return out_dir
+
+
+@pytest.fixture(scope="module")
+def holdout() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(EXAMPLES))
+        from digits_data import load_holdout
+
+        yield load_holdout()
+
+
+def test_help() -> None:
+    done = subprocess.run(
+        [sys.executable, str(BUILD), "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and "OUT_DIR" in done.stdout
+
+
+def test_layout(repository: Path) -> None:
+    files = sorted(str(p.relative_to(repository)) for p in repository.rglob("*") if p.is_file())
+    assert files == [
+        "digits/1/model.onnx",
+        "digits/config.pbtxt",
+        "digits/labels.txt",
+        "silero_vad/1/model.onnx",
+        "silero_vad/config.pbtxt",
+    ]
+    assert not list(repository.parent.glob(".*build-*")), "staging folder left behind"
+
+
+def test_configs_parse(repository: Path) -> None:
+    digits, silero = load_config(repository / "digits"), load_config(repository / "silero_vad")
+    assert (digits.name, silero.name) == ("digits", "silero_vad")
+    assert digits.platform == silero.platform == "onnxruntime_onnx"
+    assert digits.max_batch_size == 64 and silero.max_batch_size == 0
+    assert list(digits.dynamic_batching.preferred_batch_size) == [8, 16]
+    assert digits.dynamic_batching.max_queue_delay_microseconds == 2000
+    assert [g.kind for g in digits.instance_group] == [model_config_pb2.ModelInstanceGroup.KIND_CPU]
+    sr = next(io for io in silero.input if io.name == "sr")
+    assert list(sr.dims) == [1] and sr.HasField("reshape") and list(sr.reshape.shape) == []
+
+
+def test_digits_labels_file(repository: Path) -> None:
+    config = load_config(repository / "digits")
+    probabilities = next(io for io in config.output if io.name == "probabilities")
+    labels = (repository / "digits" / probabilities.label_filename).read_text().splitlines()
+    assert labels == [str(i) for i in range(10)]
+
+
+@pytest.mark.parametrize("model", ["digits", "silero_vad"])
+def test_graph_signature_matches_config(repository: Path, model: str) -> None:
+    config, graph = load_config(repository / model), session(repository / model)
+    assert {i.name: i.type for i in graph.get_inputs()} == {
+        io.name: ORT_TYPES[io.data_type] for io in config.input
+    }
+    assert {o.name: o.type for o in graph.get_outputs()} == {
+        io.name: ORT_TYPES[io.data_type] for io in config.output
+    }
+
+
+@pytest.mark.parametrize("batch", [1, 7, 64])
+def test_digits_output_shapes(
+    repository: Path, holdout: tuple[np.ndarray, np.ndarray], batch: int
+) -> None:
+    config, graph = load_config(repository / "digits"), session(repository / "digits")
+    (input_io,) = config.input
+    rows = holdout[0][:batch]
+    assert fits(model_shape(input_io, config, batch), rows.shape)
+    names = [io.name for io in config.output]
+    outputs = dict(zip(names, graph.run(names, {"input": rows}), strict=True))
+    for io in config.output:
+        assert list(outputs[io.name].shape) == model_shape(io, config, batch), io.name
+    assert outputs["probabilities"].dtype == np.float32
+    assert outputs["label"].dtype == np.int64
+
+
+def test_digits_holdout_accuracy(repository: Path, holdout: tuple[np.ndarray, np.ndarray]) -> None:
+    x, y = holdout
+    assert x.shape == (360, 64) and x.dtype == np.float32
+    assert y.shape == (360,) and y.dtype == np.int64
+    graph = session(repository / "digits")
+    labels = np.concatenate(
+        [graph.run(["label"], {"input": x[i : i + 64]})[0][:, 0] for i in range(0, len(x), 64)]
+    )
+    assert np.mean(labels == y) > 0.9
+
+
+def silero_feeds(config: model_config_pb2.ModelConfig, batch: int) -> dict[str, np.ndarray]:
+    """What a client sends (the config's dims, -1 filled in), reshaped as the server must."""
+    wire = {
+        "input": np.zeros((batch, 512), dtype=np.float32),
+        "state": np.zeros((2, batch, 128), dtype=np.float32),
+        "sr": np.array([16000], dtype=np.int64),
+    }
+    wire["input"][:, ::2] = 0.5  # a loud square wave
+    feeds = {}
+    for io in config.input:
+        assert fits(list(io.dims), wire[io.name].shape), io.name
+        reshape = list(io.reshape.shape) if io.HasField("reshape") else None
+        feeds[io.name] = wire[io.name] if reshape is None else wire[io.name].reshape(reshape)
+    assert feeds["sr"].shape == ()
+    return feeds
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_silero_runs_at_config_shapes(repository: Path, batch: int) -> None:
+    config, graph = load_config(repository / "silero_vad"), session(repository / "silero_vad")
+    feeds, names = silero_feeds(config, batch), [io.name for io in config.output]
+    for _ in range(2):  # the state it returns goes back in, as a streaming client does
+        outputs = dict(zip(names, graph.run(names, feeds), strict=True))
+        for io in config.output:
+            assert fits(list(io.dims), outputs[io.name].shape), io.name
+        assert outputs["output"].shape == (batch, 1)
+        assert np.all((outputs["output"] >= 0) & (outputs["output"] <= 1))
+        feeds["state"] = outputs["stateN"]
+
+
+def test_rebuild_is_idempotent(repository: Path) -> None:
+    before = snapshot(repository)
+    stdout = build(repository)
+    assert stdout.count("up to date") == 2, stdout
+    assert snapshot(repository) == before
+
+
+def test_rebuild_repairs_and_keeps_other_models(tmp_path: Path, repository: Path) -> None:
+    out_dir = tmp_path / "repo"
+    for path in repository.rglob("*"):
+        if path.is_file():
+            target = out_dir / path.relative_to(repository)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(path.read_bytes())
+    (out_dir / "digits" / "labels.txt").write_text("tampered\n")
+    (out_dir / "other" / "1").mkdir(parents=True)
+    (out_dir / "other" / "config.pbtxt").write_text('name: "other"\n')
+    stdout = build(out_dir)
+    assert "digits: updated" in stdout and "silero_vad: up to date" in stdout, stdout
+    assert snapshot(out_dir / "digits").keys() == snapshot(repository / "digits").keys()
+    assert (out_dir / "digits" / "labels.txt").read_bytes() == (
+        repository / "digits" / "labels.txt"
+    ).read_bytes()
+    assert (out_dir / "other" / "config.pbtxt").read_text() == 'name: "other"\n'
