@@ -153,7 +153,11 @@ def export_digits(model) -> onnx.ModelProto:
         target_opset=ONNX_OPSET,
     )
     graph = proto.graph
-    graph.name = "digits"  # skl2onnx names the graph with a random uuid
+    # skl2onnx names the graph with a random uuid and lists opsets in set (hash seed) order.
+    graph.name = "digits"
+    opsets = sorted(proto.opset_import, key=lambda opset: opset.domain)
+    del proto.opset_import[:]
+    proto.opset_import.extend(opsets)
     for node in graph.node:
         node.output[:] = ["label_flat" if out == "label" else out for out in node.output]
     graph.initializer.append(

@@ -102,7 +102,7 @@ class ModelCache:
         if not files:
             raise ModelNotFound(f"version {version} of model '{model}' has no files")
         folder.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.nullcontext():
+        with self._lock(folder):
             if _read_manifest(folder) == files and folder.is_dir():
                 self.last_pull = PullStats(False, 0, 0.0)
             else:
