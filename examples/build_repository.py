@@ -8,7 +8,10 @@ Two models, both from data shipped inside installed packages (nothing is downloa
   ``probabilities`` FP32 [10] (with ``labels.txt`` for the classification extension) and
   ``label`` INT64 [1].
 - ``silero_vad``: the pretrained Silero VAD ONNX file from the ``silero_vad`` package,
-  ``max_batch_size: 0`` because its recurrent ``state`` carries the batch at dim 1.
+  ``max_batch_size: 0`` because its recurrent ``state`` carries the batch at dim 1. Its scalar
+  ``sr`` input becomes a [1] input (a Reshape node added in front): Triton has no 0-d tensors
+  and allows an empty ``reshape`` only on batching models. Outputs are checked bit-identical
+  to the packaged graph.
 
 Each model is built into a staging folder next to OUT_DIR, checked (config parsed into
 ``ModelConfig``, the ONNX graph run with onnxruntime at the config's shapes), and only then
@@ -21,7 +24,6 @@ from __future__ import annotations
 import argparse
 import filecmp
 import importlib.util
-import shutil
 import sys
 import tempfile
 import time
@@ -61,8 +63,9 @@ max_batch_size: 0
 input [
   { name: "input" data_type: TYPE_FP32 dims: [ -1, -1 ] },
   { name: "state" data_type: TYPE_FP32 dims: [ 2, -1, 128 ] },
-  # Clients send a 1-element tensor; the model takes a scalar.
-  { name: "sr" data_type: TYPE_INT64 dims: [ 1 ] reshape: { shape: [ ] } }
+  # The sample rate, 8000 or 16000. Triton has no scalar tensors (and refuses an empty
+  # reshape when max_batch_size is 0), so the graph was given a [1] input that it squeezes.
+  { name: "sr" data_type: TYPE_INT64 dims: [ 1 ] }
 ]
 output [
   { name: "output" data_type: TYPE_FP32 dims: [ -1, 1 ] },
@@ -107,9 +110,7 @@ def check_signature(session: ort.InferenceSession, config: model_config_pb2.Mode
             raise ValueError(f"{config.name}: graph {kind}s {graph} != config {declared}")
 
 
-def check_outputs(
-    config: model_config_pb2.ModelConfig, outputs: dict[str, np.ndarray], batch: int
-) -> None:
+def check_outputs(config: model_config_pb2.ModelConfig, outputs: dict[str, np.ndarray], batch: int) -> None:
     """Each output's concrete shape fits the config (with ``batch`` as the batch dim)."""
     for io in config.output:
         dims = model_side_dims(io, config.max_batch_size)
@@ -119,9 +120,7 @@ def check_outputs(
             raise ValueError(f"{config.name}.{io.name}: shape {outputs[io.name].shape} != {dims}")
 
 
-def run_session(
-    session: ort.InferenceSession, feeds: dict[str, np.ndarray]
-) -> dict[str, np.ndarray]:
+def run_session(session: ort.InferenceSession, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Run every output of ``session``; returns them by name."""
     names = [o.name for o in session.get_outputs()]
     return dict(zip(names, session.run(names, feeds), strict=True))
@@ -160,9 +159,7 @@ def export_digits(model) -> onnx.ModelProto:
     proto.opset_import.extend(opsets)
     for node in graph.node:
         node.output[:] = ["label_flat" if out == "label" else out for out in node.output]
-    graph.initializer.append(
-        onnx.numpy_helper.from_array(np.array([-1, 1], dtype=np.int64), "label_shape")
-    )
+    graph.initializer.append(onnx.numpy_helper.from_array(np.array([-1, 1], dtype=np.int64), "label_shape"))
     graph.node.append(
         onnx.helper.make_node("Reshape", ["label_flat", "label_shape"], ["label"], name="label_2d")
     )
@@ -206,15 +203,37 @@ def silero_source() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "data" / "silero_vad.onnx"
 
 
-def silero_feeds(config: model_config_pb2.ModelConfig, batch: int) -> dict[str, np.ndarray]:
-    """One 512-sample 16 kHz chunk per row, a zero state, ``sr`` reshaped as the config says."""
+def rename_uses(graph: onnx.GraphProto, old: str, new: str) -> None:
+    """Rename every node input ``old`` to ``new`` in ``graph`` and its subgraphs (If, Loop)."""
+    for node in graph.node:
+        node.input[:] = [new if name == old else name for name in node.input]
+        for attribute in node.attribute:
+            for subgraph in [attribute.g] if attribute.HasField("g") else attribute.graphs:
+                rename_uses(subgraph, old, new)
+
+
+def squeeze_sr(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """The Silero graph with its scalar ``sr`` input turned into a [1] input squeezed inside."""
+    graph = proto.graph
+    rename_uses(graph, "sr", "sr_scalar")
+    sr = next(i for i in graph.input if i.name == "sr")
+    sr.CopyFrom(onnx.helper.make_tensor_value_info("sr", onnx.TensorProto.INT64, [1]))
+    graph.initializer.append(onnx.numpy_helper.from_array(np.zeros(0, dtype=np.int64), "sr_scalar_shape"))
+    squeeze = onnx.helper.make_node("Reshape", ["sr", "sr_scalar_shape"], ["sr_scalar"])
+    nodes = [squeeze, *graph.node]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    onnx.checker.check_model(proto, full_check=True)
+    return proto
+
+
+def silero_feeds(batch: int) -> dict[str, np.ndarray]:
+    """One 512-sample 16 kHz chunk (a 440 Hz tone) per row, a zero state, ``sr`` as [1]."""
     t = np.arange(512, dtype=np.float32) / 16000
-    sr_io = next(io for io in config.input if io.name == "sr")
-    sr_wire = np.array([16000], dtype=np.int64)  # what a client sends: dims [1]
     return {
         "input": np.tile(0.5 * np.sin(2 * np.pi * 440 * t), (batch, 1)).astype(np.float32),
         "state": np.zeros((2, batch, 128), dtype=np.float32),
-        "sr": sr_wire.reshape(list(sr_io.reshape.shape)),
+        "sr": np.array([16000], dtype=np.int64),
     }
 
 
@@ -223,16 +242,21 @@ def build_silero(model_dir: Path) -> str:
     (model_dir / "1").mkdir(parents=True)
     (model_dir / "config.pbtxt").write_text(SILERO_CONFIG)
     model_file = model_dir / "1" / "model.onnx"
-    shutil.copyfile(silero_source(), model_file)
+    original = silero_source()
+    model_file.write_bytes(squeeze_sr(onnx.load(original)).SerializeToString())
     session = ort.InferenceSession(str(model_file), providers=["CPUExecutionProvider"])
+    reference = ort.InferenceSession(str(original), providers=["CPUExecutionProvider"])
     check_signature(session, config)
     for batch in (1, 2):
-        feeds = silero_feeds(config, batch)
+        feeds = silero_feeds(batch)
         for io in config.input:
             if not shape_matches(model_side_dims(io, 0), feeds[io.name].shape):
                 raise ValueError(f"silero_vad.{io.name}: feed shape does not fit the config")
         outputs = run_session(session, feeds)
         check_outputs(config, outputs, batch)
+        expected = run_session(reference, {**feeds, "sr": feeds["sr"].reshape(())})
+        if any(not np.array_equal(outputs[k], expected[k]) for k in expected):
+            raise ValueError("silero_vad: the adapted graph disagrees with the packaged one")
     return f"speech probability of a 440 Hz tone: {float(outputs['output'][0, 0]):.3f}"
 
 

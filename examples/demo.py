@@ -50,6 +50,12 @@ def naiad_command() -> list[str]:
     return [script] if script else [sys.executable, "-m", "naiad.cli"]
 
 
+def serve_accepts(serve: list[str], flag: str) -> bool:
+    """Whether ``naiad serve --help`` lists ``flag``."""
+    done = subprocess.run([*serve, "--help"], capture_output=True, text=True, timeout=60)
+    return flag in done.stdout
+
+
 def http_status(url: str) -> int | None:
     """The HTTP status of ``GET url``, or None when nothing answers."""
     try:
@@ -80,15 +86,17 @@ def tail(log: Path, lines: int = 30) -> str:
 @contextlib.contextmanager
 def naiad_server(args: argparse.Namespace, log: Path) -> Iterator[tuple[str, str]]:
     """Run ``naiad serve``; yields ``(http_url, metrics_url)`` and stops it on the way out."""
-    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
+    http_port, metrics_port = free_port(), free_port()
+    serve = [*naiad_command(), "serve"]
     command = [
-        *naiad_command(), "serve",
+        *serve,
         "--model-repository", str(args.model_repository),
         "--http-port", str(http_port),
-        "--grpc-port", str(grpc_port),
         "--metrics-port", str(metrics_port),
         "--idle-timeout", f"{args.idle_timeout:g}",
     ]  # fmt: skip
+    if serve_accepts(serve, "--grpc-port"):  # keep gRPC off the default 8001 too
+        command += ["--grpc-port", str(free_port())]
     if args.redis_url:
         command += ["--redis-url", args.redis_url]
     print("$", " ".join(command))
@@ -140,14 +148,10 @@ def infer_digits(client: httpclient.InferenceServerClient, rows: np.ndarray) -> 
 
 def cold_start(client: httpclient.InferenceServerClient, metrics_url: str, x: np.ndarray) -> None:
     print("\n1. cold start")
-    print(
-        f'   naiad_model_workers{{model="digits"}} before: {model_workers(metrics_url, "digits")}'
-    )
+    print(f'   naiad_model_workers{{model="digits"}} before: {model_workers(metrics_url, "digits")}')
     started = time.perf_counter()
     infer_digits(client, x[:1])
-    print(
-        f"   first digits request (worker started from zero): {time.perf_counter() - started:.2f} s"
-    )
+    print(f"   first digits request (worker started from zero): {time.perf_counter() - started:.2f} s")
     print(f'   naiad_model_workers{{model="digits"}} after: {model_workers(metrics_url, "digits")}')
 
 

@@ -1,4 +1,4 @@
-"""Assemble and run the gateway: HTTP and metrics servers on one event loop.
+"""Assemble and run the gateway: HTTP, gRPC and metrics servers on one event loop.
 
 Every resource (Redis pool, reply reader, listening sites, and for ``naiad serve`` the
 local scaler) is opened in :func:`run_gateway` and closed in reverse order on the way out.
@@ -16,6 +16,7 @@ from aiohttp import web
 
 from gateway.dataplane import DataPlane
 from gateway.dispatcher import READER_BLOCK_S, QueueDispatcher
+from gateway.grpc_server import grpc_server
 from gateway.http import create_app
 from gateway.metrics import create_metrics_app
 from gateway.registry import ModelRegistry
@@ -61,10 +62,11 @@ async def run_gateway(settings: Settings, redis_url: str, stop: asyncio.Event) -
         dataplane = DataPlane(redis, registry, dispatcher, settings.request_timeout_s)
         app = create_app(dataplane, settings.http_max_body_bytes)
         await stack.enter_async_context(_site(app, settings.http_host, settings.http_port))
+        await stack.enter_async_context(grpc_server(dataplane, settings.http_host, settings.grpc_port))
         metrics = create_metrics_app(registry)
         await stack.enter_async_context(_site(metrics, settings.http_host, settings.metrics_port))
         logger.info(
-            "serving %s: HTTP on :%d, metrics on :%d",
-            settings.model_repository, settings.http_port, settings.metrics_port,
+            "serving %s: HTTP on :%d, gRPC on :%d, metrics on :%d",
+            settings.model_repository, settings.http_port, settings.grpc_port, settings.metrics_port,
         )
         await stop.wait()

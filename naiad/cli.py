@@ -27,6 +27,7 @@ COMMON_FLAGS = {
 }
 GATEWAY_FLAGS = {
     "--http-port": ("http_port", int, "KServe v2 HTTP port (default 8000)"),
+    "--grpc-port": ("grpc_port", int, "KServe v2 gRPC port (default 8001)"),
     "--metrics-port": ("metrics_port", int, "Prometheus metrics port (default 8002)"),
     "--request-timeout": ("request_timeout_s", float, "default request timeout, seconds"),
 }
@@ -96,6 +97,9 @@ def _gateway_runner(settings: Settings, redis_url: str):
 def cmd_serve(settings: Settings, with_gateway: bool = True, with_scaler: bool = True) -> int:
     from naiad.redis_server import EmbeddedRedis  # noqa: PLC0415
 
+    if not (with_gateway and with_scaler) and not settings.redis_url:
+        print("naiad: --redis-url is required unless running `naiad serve`", file=sys.stderr)
+        return 2
     with contextlib.ExitStack() as stack:
         redis_url = settings.redis_url or stack.enter_context(EmbeddedRedis()).url
         runners = []

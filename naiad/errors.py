@@ -75,6 +75,23 @@ class ConfigError(InvalidInput):
     """A ``config.pbtxt`` that does not parse or is inconsistent (400)."""
 
 
+#: gRPC status code NAME per error class (``grpc.StatusCode[name]`` in the adapter; no grpc
+#: import here). A class missing here takes its nearest listed base; ``NaiadError`` is INTERNAL.
+#: Triton answers UNAVAILABLE for a model that is not ready.
+GRPC_CODES: dict[type[NaiadError], str] = {
+    NaiadError: "INTERNAL",
+    InvalidInput: "INVALID_ARGUMENT",
+    ConfigError: "INVALID_ARGUMENT",
+    ModelNotFound: "NOT_FOUND",
+    ModelNotReady: "UNAVAILABLE",
+    Unavailable: "UNAVAILABLE",
+    DeadlineExceeded: "DEADLINE_EXCEEDED",
+    Unsupported: "UNIMPLEMENTED",
+    InferenceFailed: "INTERNAL",
+    RepositoryError: "UNAVAILABLE",
+}
+
+
 ERRORS_BY_NAME: dict[str, type[NaiadError]] = {
     cls.__name__: cls
     for cls in (

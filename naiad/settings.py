@@ -29,6 +29,9 @@ class Settings(BaseSettings):
     http_port: int = 8000
     """KServe v2 HTTP/REST port."""
 
+    grpc_port: int = 8001
+    """KServe v2 gRPC port (``inference.GRPCInferenceService``), bound on ``http_host`` too."""
+
     metrics_port: int = 8002
     """Prometheus metrics port."""
 

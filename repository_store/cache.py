@@ -93,12 +93,13 @@ class ModelCache:
         """Return the local folder of ``model``/``version``, downloading it if absent or stale.
 
         Sets :attr:`last_pull`, then evicts least recently used other versions while the
-        cache exceeds ``max_bytes``.
+        cache exceeds ``max_bytes``. When the store cannot be listed but a complete copy is
+        cached, that copy is returned (logged as a warning).
         :raises ModelNotFound: invalid name, or the version folder is empty or missing.
         :raises RepositoryError: the store fails or a file does not match its listing.
         """
         folder = self.version_dir(store, model, version)
-        files = store.list_version_files(model, version)
+        files = _listing(store, model, version, folder)
         if not files:
             raise ModelNotFound(f"version {version} of model '{model}' has no files")
         folder.parent.mkdir(parents=True, exist_ok=True)
@@ -185,6 +186,17 @@ class ModelCache:
     @staticmethod
     def _lock(folder: pathlib.Path, timeout: float = _LOCK_TIMEOUT_S) -> filelock.FileLock:
         return filelock.FileLock(folder.with_name(folder.name + ".lock"), timeout=timeout)
+
+
+def _listing(store: RepositoryStore, model: str, version: int, folder: pathlib.Path) -> list[FileInfo]:
+    try:
+        return store.list_version_files(model, version)
+    except RepositoryError as exc:
+        cached = _read_manifest(folder)
+        if cached is None or not folder.is_dir():
+            raise
+        logger.warning("using the cached %s/%s: the repository failed: %s", model, version, exc)
+        return cached
 
 
 def _manifest_path(folder: pathlib.Path) -> pathlib.Path:

@@ -61,9 +61,7 @@ def parse_config(text: bytes | str, model_name: str) -> ModelConfig:
     if not config.name:
         config.name = model_name
     elif config.name != model_name:
-        raise ConfigError(
-            f"config.pbtxt name '{config.name}' does not match the model folder '{model_name}'"
-        )
+        raise ConfigError(f"config.pbtxt name '{config.name}' does not match the model folder '{model_name}'")
     return config
 
 
@@ -155,8 +153,7 @@ def _check_dims(prefix: str, what: str, dims: list[int]) -> None:
     for dim in dims:
         if dim < 1 and dim != WILDCARD_DIM:
             raise ConfigError(
-                f"{prefix} {what} must be integers >= 1, or -1 for a variable-size dimension;"
-                f" got {dims}"
+                f"{prefix} {what} must be integers >= 1, or -1 for a variable-size dimension; got {dims}"
             )
 
 

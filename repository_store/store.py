@@ -189,14 +189,21 @@ class LocalStore(RepositoryStore):
         return self._model_dir(model).is_dir()
 
     def _model_dir(self, model: str) -> pathlib.Path:
-        return self.root / validate_model_name(model)
+        """The model's folder; :class:`RepositoryError` if the root itself is gone."""
+        folder = self.root / validate_model_name(model)
+        if not self.root.is_dir():
+            raise RepositoryError(f"model repository {self.uri} is not a readable folder")
+        return folder
 
 
 def _walk(folder: pathlib.Path) -> Iterator[FileInfo]:
     for dirpath, _dirs, files in os.walk(folder, followlinks=True):
         for filename in files:
             full = pathlib.Path(dirpath, filename)
-            stat = full.stat()
+            try:
+                stat = full.stat()
+            except FileNotFoundError:  # a dangling symlink: not a file of the model
+                continue
             rel = full.relative_to(folder).as_posix()
             yield FileInfo(path=rel, size=stat.st_size, etag=f"{stat.st_mtime_ns}-{stat.st_size}")
 
@@ -226,9 +233,7 @@ class S3Store(RepositoryStore):
             connect_timeout=5, read_timeout=60, retries={"max_attempts": 3, "mode": "standard"}
         )
         with _s3_errors(self, "creating the S3 client"):
-            self.client = boto3.session.Session().client(
-                "s3", endpoint_url=endpoint_url, config=config
-            )
+            self.client = boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
 
     def __repr__(self) -> str:
         return f"S3Store({self.uri!r}, endpoint_url={self.endpoint_url!r})"

@@ -78,9 +78,7 @@ def _parse_s3(rest: str) -> RepositoryURI:
     prefix_parts = segments[1:]
     if any(part in (".", "..") for part in prefix_parts):
         raise RepositoryError(f"'.' or '..' in S3 prefix of s3://{rest}")
-    return RepositoryURI(
-        kind="s3", bucket=bucket, prefix="/".join(prefix_parts), endpoint_url=endpoint
-    )
+    return RepositoryURI(kind="s3", bucket=bucket, prefix="/".join(prefix_parts), endpoint_url=endpoint)
 
 
 def _endpoint(netloc: str) -> str:

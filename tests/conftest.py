@@ -8,19 +8,28 @@
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
+import pathlib
 import sys
-import time
-import uuid
-from collections.abc import Iterator
 
-import boto3
-import pytest
-import requests
+# tests/ is on sys.path (pytest's "prepend" import mode) and mirrors the packages with
+# folders (gateway/, workers/, naiad/ ...) that would otherwise be imported as namespace
+# packages ahead of the editable install: put the project root first so the real ones win.
+_ROOT = str(pathlib.Path(__file__).resolve().parents[1])
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
 
-from naiad.redis_server import EmbeddedRedis
+import os  # noqa: E402
+import socket  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+import uuid  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+
+import boto3  # noqa: E402
+import pytest  # noqa: E402
+import requests  # noqa: E402
+
+from naiad.redis_server import EmbeddedRedis  # noqa: E402
 
 S3_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -79,3 +88,67 @@ def s3_bucket(s3_endpoint: str) -> str:
     name = f"models-{uuid.uuid4().hex[:12]}"
     boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=name)
     return name
+
+
+# --- end-to-end fixtures: the example repository and `naiad serve` processes ------------------
+
+EXAMPLES = pathlib.Path(_ROOT) / "examples"
+
+
+@pytest.fixture(scope="session")
+def example_repository(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """The example repository (``digits``, ``silero_vad``), built once per session with
+    ``python examples/build_repository.py OUT_DIR`` exactly as a user would."""
+    out = tmp_path_factory.mktemp("example") / "models"
+    subprocess.run(
+        [sys.executable, str(EXAMPLES / "build_repository.py"), str(out)],
+        check=True, capture_output=True, timeout=110,
+    )
+    return out
+
+
+@pytest.fixture(scope="session")
+def digits_holdout() -> tuple:
+    """``(X float32 [360, 64], y int64 [360])`` from ``examples/digits_data.py``."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("naiad_example_digits_data", EXAMPLES / "digits_data.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.load_holdout()
+
+
+@pytest.fixture(scope="session")
+def digits_onnx(example_repository: pathlib.Path):
+    """An onnxruntime session on the very file the server serves (the reference)."""
+    import onnxruntime as ort
+
+    path = example_repository / "digits" / "1" / "model.onnx"
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+@pytest.fixture
+def naiad_server(tmp_path: pathlib.Path, example_repository: pathlib.Path):
+    """Factory: ``naiad_server(repository=..., idle_timeout_s=..., redis_url=...)`` starts a
+    ``naiad serve`` on free ports with a cache under tmp_path; each is stopped (SIGINT) at
+    teardown, which also asserts that it left no worker or other child process behind."""
+    from naiad_harness import start_server
+
+    servers = []
+
+    def start(repository=None, **kwargs):
+        workdir = tmp_path / f"server{len(servers)}"
+        server = start_server(repository or example_repository, workdir, **kwargs)
+        servers.append(server)
+        return server
+
+    yield start
+    errors = []
+    for server in servers:
+        try:
+            server.stop()
+        except AssertionError as exc:
+            errors.append(str(exc))
+    assert not errors, errors
+

@@ -7,6 +7,7 @@ from the written files with onnxruntime and ``ModelConfig``, not from the script
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -45,9 +46,7 @@ def load_config(model_dir: Path) -> model_config_pb2.ModelConfig:
 
 
 def session(model_dir: Path) -> ort.InferenceSession:
-    return ort.InferenceSession(
-        str(model_dir / "1" / "model.onnx"), providers=["CPUExecutionProvider"]
-    )
+    return ort.InferenceSession(str(model_dir / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
 
 
 def model_shape(io, config: model_config_pb2.ModelConfig, batch: int) -> list[int]:
@@ -86,9 +85,7 @@ def holdout() -> Iterator[tuple[np.ndarray, np.ndarray]]:
 
 
 def test_help() -> None:
-    done = subprocess.run(
-        [sys.executable, str(BUILD), "--help"], capture_output=True, text=True, timeout=60
-    )
+    done = subprocess.run([sys.executable, str(BUILD), "--help"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "OUT_DIR" in done.stdout
 
 
@@ -113,7 +110,11 @@ def test_configs_parse(repository: Path) -> None:
     assert digits.dynamic_batching.max_queue_delay_microseconds == 2000
     assert [g.kind for g in digits.instance_group] == [model_config_pb2.ModelInstanceGroup.KIND_CPU]
     sr = next(io for io in silero.input if io.name == "sr")
-    assert list(sr.dims) == [1] and sr.HasField("reshape") and list(sr.reshape.shape) == []
+    # Triton refuses an empty reshape on a non-batching model: sr is a plain [1] tensor.
+    assert list(sr.dims) == [1] and not sr.HasField("reshape")
+    for model in (digits, silero):
+        for io in [*model.input, *model.output]:
+            assert not (io.HasField("reshape") and model.max_batch_size == 0), io.name
 
 
 def test_digits_labels_file(repository: Path) -> None:
@@ -135,9 +136,7 @@ def test_graph_signature_matches_config(repository: Path, model: str) -> None:
 
 
 @pytest.mark.parametrize("batch", [1, 7, 64])
-def test_digits_output_shapes(
-    repository: Path, holdout: tuple[np.ndarray, np.ndarray], batch: int
-) -> None:
+def test_digits_output_shapes(repository: Path, holdout: tuple[np.ndarray, np.ndarray], batch: int) -> None:
     config, graph = load_config(repository / "digits"), session(repository / "digits")
     (input_io,) = config.input
     rows = holdout[0][:batch]
@@ -162,25 +161,29 @@ def test_digits_holdout_accuracy(repository: Path, holdout: tuple[np.ndarray, np
 
 
 def silero_feeds(config: model_config_pb2.ModelConfig, batch: int) -> dict[str, np.ndarray]:
-    """What a client sends (the config's dims, -1 filled in), reshaped as the server must."""
-    wire = {
+    """What a client sends, at the config's dims (-1 filled in): a loud square wave."""
+    feeds = {
         "input": np.zeros((batch, 512), dtype=np.float32),
         "state": np.zeros((2, batch, 128), dtype=np.float32),
         "sr": np.array([16000], dtype=np.int64),
     }
-    wire["input"][:, ::2] = 0.5  # a loud square wave
-    feeds = {}
+    feeds["input"][:, ::2] = 0.5
     for io in config.input:
-        assert fits(list(io.dims), wire[io.name].shape), io.name
-        reshape = list(io.reshape.shape) if io.HasField("reshape") else None
-        feeds[io.name] = wire[io.name] if reshape is None else wire[io.name].reshape(reshape)
-    assert feeds["sr"].shape == ()
+        assert fits(model_shape(io, config, batch), feeds[io.name].shape), io.name
     return feeds
+
+
+def packaged_silero() -> ort.InferenceSession:
+    spec = importlib.util.find_spec("silero_vad")  # finds it without importing torch
+    assert spec is not None and spec.submodule_search_locations
+    path = Path(next(iter(spec.submodule_search_locations))) / "data" / "silero_vad.onnx"
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
 
 @pytest.mark.parametrize("batch", [1, 3])
 def test_silero_runs_at_config_shapes(repository: Path, batch: int) -> None:
     config, graph = load_config(repository / "silero_vad"), session(repository / "silero_vad")
+    reference = packaged_silero()
     feeds, names = silero_feeds(config, batch), [io.name for io in config.output]
     for _ in range(2):  # the state it returns goes back in, as a streaming client does
         outputs = dict(zip(names, graph.run(names, feeds), strict=True))
@@ -188,6 +191,10 @@ def test_silero_runs_at_config_shapes(repository: Path, batch: int) -> None:
             assert fits(list(io.dims), outputs[io.name].shape), io.name
         assert outputs["output"].shape == (batch, 1)
         assert np.all((outputs["output"] >= 0) & (outputs["output"] <= 1))
+        # Same numbers as the packaged graph, which takes sr as a scalar.
+        expected = reference.run(names, {**feeds, "sr": feeds["sr"].reshape(())})
+        for name, array in zip(names, expected, strict=True):
+            np.testing.assert_array_equal(outputs[name], array)
         feeds["state"] = outputs["stateN"]
 
 

@@ -3,21 +3,11 @@
 from __future__ import annotations
 
 import pathlib
-import sys
 
-# ``tests/`` is on sys.path (pytest's default "prepend" import mode) and holds a folder named
-# ``repository_store``, which Python would import as a namespace package ahead of the
-# editable install's finder. Putting the project root first lets the real package win under
-# plain ``pytest`` too (``python -m pytest`` already has it). A ``pythonpath = ["."]`` in the
-# pytest config would make this unnecessary.
-_ROOT = str(pathlib.Path(__file__).resolve().parents[2])
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
+import pytest
+from rs_helpers import REPOSITORY, upload_tree, write_tree
 
-import pytest  # noqa: E402
-from rs_helpers import REPOSITORY, upload_tree, write_tree  # noqa: E402
-
-from repository_store import LocalStore, RepositoryStore, S3Store  # noqa: E402
+from repository_store import LocalStore, RepositoryStore, S3Store
 
 
 @pytest.fixture

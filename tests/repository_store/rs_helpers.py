@@ -60,9 +60,7 @@ REPOSITORY: dict[str, bytes | str | None] = {
     "noconfig/1/model.onnx": b"1",
     "nofile/config.pbtxt": onnx_config("nofile"),
     "nofile/1/readme.txt": b"no model here",
-    "noversion/config.pbtxt": onnx_config(
-        "noversion", "version_policy { specific { versions: [ 7 ] } }"
-    ),
+    "noversion/config.pbtxt": onnx_config("noversion", "version_policy { specific { versions: [ 7 ] } }"),
     "noversion/1/model.onnx": b"1",
     "tf/config.pbtxt": onnx_config("tf").replace("onnxruntime_onnx", "tensorflow_savedmodel"),
     "tf/1/model.savedmodel/saved_model.pb": b"pb",

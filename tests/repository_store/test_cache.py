@@ -164,3 +164,14 @@ def test_concurrent_processes_download_once(tmp_path: pathlib.Path) -> None:
     assert {folder for folder, _, _ in outcomes} == {outcomes[0][0]}
     assert sorted(downloaded for _, downloaded, _ in outcomes) == [False, True]
     assert all(got == size for _, _, got in outcomes)
+
+
+def test_cached_copy_serves_when_the_store_is_gone(tmp_path: pathlib.Path) -> None:
+    store = make_store(tmp_path / "repo", {1: b"x"})
+    cache = ModelCache(tmp_path / "cache")
+    folder = cache.ensure_version(store, "m", 1)
+    (tmp_path / "repo").rename(tmp_path / "moved")
+    assert cache.ensure_version(store, "m", 1) == folder
+    assert not cache.last_pull.downloaded
+    with pytest.raises(RepositoryError):
+        ModelCache(tmp_path / "other-cache").ensure_version(store, "m", 1)

@@ -151,3 +151,10 @@ def test_local_etag_changes_with_content(tmp_path: pathlib.Path) -> None:
     after = store.list_version_files("m", 1)[0]
     assert (before.size, after.size) == (4, 5)
     assert before.etag != after.etag
+
+
+def test_local_dangling_symlink_is_skipped(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    (tmp_path / "m" / "1" / "model.onnx").write_bytes(b"x")
+    (tmp_path / "m" / "1" / "gone.bin").symlink_to(tmp_path / "nowhere")
+    assert [f.path for f in LocalStore(tmp_path).list_version_files("m", 1)] == ["model.onnx"]

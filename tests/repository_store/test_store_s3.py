@@ -21,9 +21,7 @@ def test_triton_host_port_uri(s3_endpoint: str, s3_bucket: str, local_repo) -> N
     assert store.list_models() == ALL_MODELS
 
 
-def test_aws_endpoint_url_env_is_honoured(
-    s3_endpoint: str, s3_bucket: str, local_repo, monkeypatch
-) -> None:
+def test_aws_endpoint_url_env_is_honoured(s3_endpoint: str, s3_bucket: str, local_repo, monkeypatch) -> None:
     upload_tree(s3_endpoint, s3_bucket, "", local_repo)
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
     store = open_store(f"s3://{s3_bucket}")
@@ -60,9 +58,7 @@ def test_folder_markers_are_not_files(s3_endpoint: str, s3_bucket: str) -> None:
     assert files[0].etag == "900150983cd24fb0d6963f7d28e17f72"  # md5("abc")
 
 
-def test_listing_paginates_past_1000(
-    s3_endpoint: str, s3_bucket: str, tmp_path: pathlib.Path
-) -> None:
+def test_listing_paginates_past_1000(s3_endpoint: str, s3_bucket: str, tmp_path: pathlib.Path) -> None:
     client = boto3.client("s3", endpoint_url=s3_endpoint)
     names = [f"model-{i:04d}" for i in range(1005)]
 

@@ -1,0 +1,272 @@
+"""KServe v2 gRPC messages ⇄ transport-free requests and responses, as explicit pairs.
+
+Messages are the generated ones shipped in ``tritonclient.grpc`` (``service_pb2``). Tensor
+rules follow the KServe v2 gRPC protocol ("Tensor Data") and Triton's ``grpc_utils.cc``:
+
+- An input's data comes either from its typed ``contents`` or from ``raw_input_contents``
+  (one entry per input, in input order); a request that uses raw data uses it for every input
+  and no typed ``contents`` at all.
+- Typed fields per datatype: INT8/INT16/INT32 in ``int_contents``, UINT8/UINT16/UINT32 in
+  ``uint_contents``, INT64/UINT64/BOOL/FP32/FP64/BYTES in their own fields; FP16 and BF16
+  have no typed field and travel only as raw bytes.
+- Outputs always go in ``raw_output_contents`` (what Triton sends and ``tritonclient``
+  reads), BYTES as 4-byte little-endian length-prefixed elements.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from tritonclient.grpc import service_pb2 as pb
+
+from naiad.datatypes import from_bytes, numpy_dtype, to_bytes
+from naiad.errors import InvalidInput
+from naiad.inference import InferRequest, InferResponse, RequestedOutput, Tensor
+
+#: v2 datatype -> the ``InferTensorContents`` field that carries it (FP16/BF16: none).
+CONTENTS_FIELDS = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+
+#: The numpy dtype each typed field holds (the wire width before narrowing to the datatype).
+FIELD_DTYPES = {
+    "bool_contents": np.dtype(np.bool_),
+    "int_contents": np.dtype(np.int32),
+    "int64_contents": np.dtype(np.int64),
+    "uint_contents": np.dtype(np.uint32),
+    "uint64_contents": np.dtype(np.uint64),
+    "fp32_contents": np.dtype(np.float32),
+    "fp64_contents": np.dtype(np.float64),
+}
+
+MAX_DIMS = 64
+INT64_MAX = 2**63 - 1
+
+
+# --- parameters -------------------------------------------------------------------------
+
+
+def from_parameters(params: Mapping[str, pb.InferParameter]) -> dict[str, Any]:
+    """A ``map<string, InferParameter>`` as a plain dict of Python scalars."""
+    result: dict[str, Any] = {}
+    for key, param in params.items():
+        choice = param.WhichOneof("parameter_choice")
+        if choice is None:
+            raise InvalidInput(f"parameter '{key}' has no value")
+        result[key] = getattr(param, choice)
+    return result
+
+
+def to_parameters(values: Mapping[str, Any]) -> dict[str, pb.InferParameter]:
+    """Plain scalars as ``InferParameter`` messages (ints above int64 as ``uint64_param``)."""
+    result = {}
+    for key, value in values.items():
+        if isinstance(value, bool):
+            result[key] = pb.InferParameter(bool_param=value)
+        elif isinstance(value, int):
+            field = "int64_param" if value <= INT64_MAX else "uint64_param"
+            result[key] = pb.InferParameter(**{field: value})
+        elif isinstance(value, float):
+            result[key] = pb.InferParameter(double_param=value)
+        elif isinstance(value, str):
+            result[key] = pb.InferParameter(string_param=value)
+        else:
+            raise TypeError(f"parameter '{key}': {type(value).__name__} has no InferParameter form")
+    return result
+
+
+# --- typed tensor contents --------------------------------------------------------------
+
+
+def _contents_field(name: str, datatype: str) -> str:
+    numpy_dtype(datatype)  # unknown datatype -> InvalidInput
+    field = CONTENTS_FIELDS.get(datatype)
+    if field is None:
+        raise InvalidInput(f"input '{name}': {datatype} data must be sent in raw_input_contents")
+    return field
+
+
+def _element_count(shape: list[int]) -> int:
+    return int(np.prod(shape, dtype=np.int64)) if shape else 1
+
+
+def from_contents(name: str, datatype: str, shape: list[int], contents: pb.InferTensorContents) -> np.ndarray:
+    """The array a typed ``contents`` holds. Raises :class:`InvalidInput` when the values are
+    in another field than the datatype's, their count disagrees with ``shape``, or an integer
+    does not fit the datatype (e.g. 300 for INT8)."""
+    field = _contents_field(name, datatype)
+    stray = [f.name for f, _ in contents.ListFields() if f.name != field]
+    if stray:
+        raise InvalidInput(f"input '{name}': {datatype} data belongs in {field}, not {stray[0]}")
+    values = getattr(contents, field)
+    count = _element_count(shape)
+    if len(values) != count:
+        raise InvalidInput(f"input '{name}': shape {shape} needs {count} elements, {field} has {len(values)}")
+    if datatype == "BYTES":
+        array = np.empty(count, dtype=np.object_)
+        array[:] = list(values)
+        return array.reshape(shape)
+    wide = np.array(values, dtype=FIELD_DTYPES[field])
+    array = wide.astype(numpy_dtype(datatype))
+    if array.dtype != wide.dtype and not np.array_equal(array, wide):
+        raise InvalidInput(f"input '{name}': a value in {field} does not fit {datatype}")
+    return array.reshape(shape)
+
+
+def to_contents(tensor: Tensor) -> pb.InferTensorContents:
+    """A tensor as typed ``contents``; FP16/BF16 raise :class:`InvalidInput` (raw only)."""
+    field = _contents_field(tensor.name, tensor.datatype)
+    contents = pb.InferTensorContents()
+    flat = tensor.data.reshape(-1)
+    if tensor.datatype == "BYTES":
+        items = [item.encode() if isinstance(item, str) else bytes(item) for item in flat]
+    else:
+        items = flat.astype(FIELD_DTYPES[field]).tolist()
+    getattr(contents, field).extend(items)
+    return contents
+
+
+# --- inference requests -----------------------------------------------------------------
+
+
+def _shape(name: str, dims: Any) -> list[int]:
+    shape = list(dims)
+    if len(shape) > MAX_DIMS or any(d < 0 for d in shape):
+        raise InvalidInput(f"input '{name}': shape {shape} must hold at most {MAX_DIMS} sizes >= 0")
+    return shape
+
+
+def _input(spec: pb.ModelInferRequest.InferInputTensor, raw: bytes | None) -> Tensor:
+    shape = _shape(spec.name, spec.shape)
+    numpy_dtype(spec.datatype)
+    if raw is None:
+        data = from_contents(spec.name, spec.datatype, shape, spec.contents)
+    elif spec.HasField("contents"):
+        raise InvalidInput(f"input '{spec.name}': contents must not be given when raw_input_contents is used")
+    else:
+        try:
+            data = from_bytes(raw, spec.datatype, shape)
+        except InvalidInput as exc:
+            raise InvalidInput(f"input '{spec.name}': {exc.message}") from None
+    return Tensor(spec.name, spec.datatype, shape, data)
+
+
+def _requested_output(spec: pb.ModelInferRequest.InferRequestedOutputTensor) -> RequestedOutput:
+    params = from_parameters(spec.parameters)
+    class_count = params.get("classification", 0)
+    if not isinstance(class_count, int) or isinstance(class_count, bool) or class_count < 0:
+        raise InvalidInput(f"output '{spec.name}': classification must be a non-negative integer")
+    return RequestedOutput(spec.name, None, class_count)
+
+
+def from_infer_request(request: pb.ModelInferRequest, model: str, version: int) -> InferRequest:
+    """Build an :class:`InferRequest` for ``model`` ``version`` (already resolved).
+
+    Raises :class:`InvalidInput` for no inputs, a raw/typed mix, a ``raw_input_contents``
+    count other than the input count, and data that does not fit its shape and datatype.
+    """
+    if not request.inputs:
+        raise InvalidInput("the request must have at least one input")
+    raws: list[bytes | None] = list(request.raw_input_contents) or [None] * len(request.inputs)
+    if len(raws) != len(request.inputs):
+        raise InvalidInput(
+            f"expected {len(request.inputs)} raw_input_contents (one per input), got {len(raws)}"
+        )
+    inputs = [_input(spec, raw) for spec, raw in zip(request.inputs, raws, strict=True)]
+    outputs = [_requested_output(spec) for spec in request.outputs]
+    parameters = from_parameters(request.parameters)
+    return InferRequest(model, version, inputs, outputs, request.id, parameters)
+
+
+def to_infer_request(request: InferRequest, raw: bool = True) -> pb.ModelInferRequest:
+    """The message for ``request``: tensors as ``raw_input_contents``, or typed ``contents``."""
+    message = pb.ModelInferRequest(
+        model_name=request.model,
+        model_version=str(request.version) if request.version else "",
+        id=request.id,
+        parameters=to_parameters(request.parameters),
+    )
+    for tensor in request.inputs:
+        spec = message.inputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
+        if raw:
+            message.raw_input_contents.append(to_bytes(tensor.data, tensor.datatype))
+        else:
+            spec.contents.CopyFrom(to_contents(tensor))
+    for output in request.outputs:
+        params = {"classification": output.class_count} if output.class_count else {}
+        message.outputs.add(name=output.name, parameters=to_parameters(params))
+    return message
+
+
+# --- inference responses ----------------------------------------------------------------
+
+
+def to_infer_response(response: InferResponse) -> pb.ModelInferResponse:
+    """The message for ``response``; every output's bytes in ``raw_output_contents``."""
+    message = pb.ModelInferResponse(
+        model_name=response.model,
+        model_version=str(response.version),
+        id=response.id,
+        parameters=to_parameters(response.parameters),
+    )
+    for tensor in response.outputs:
+        message.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
+        message.raw_output_contents.append(to_bytes(tensor.data, tensor.datatype))
+    return message
+
+
+def from_infer_response(message: pb.ModelInferResponse) -> InferResponse:
+    """An :class:`InferResponse` from a message whose outputs are all raw."""
+    if len(message.raw_output_contents) != len(message.outputs):
+        raise InvalidInput("expected one raw_output_contents per output")
+    outputs = [
+        Tensor(spec.name, spec.datatype, list(spec.shape), from_bytes(raw, spec.datatype, list(spec.shape)))
+        for spec, raw in zip(message.outputs, message.raw_output_contents, strict=True)
+    ]
+    version = int(message.model_version) if message.model_version.isdigit() else 0
+    return InferResponse(
+        message.model_name, version, outputs, message.id, from_parameters(message.parameters)
+    )
+
+
+# --- metadata (server to client only) ---------------------------------------------------
+
+
+def to_server_metadata(metadata: Mapping[str, Any]) -> pb.ServerMetadataResponse:
+    """``DataPlane.server_metadata()`` as its message."""
+    return pb.ServerMetadataResponse(
+        name=metadata["name"], version=metadata["version"], extensions=metadata["extensions"]
+    )
+
+
+def to_model_metadata(metadata: Mapping[str, Any]) -> pb.ModelMetadataResponse:
+    """``DataPlane.model_metadata()`` as its message (shapes with ``-1`` for the batch)."""
+
+    def tensors(items: list[dict[str, Any]]) -> list[pb.ModelMetadataResponse.TensorMetadata]:
+        return [
+            pb.ModelMetadataResponse.TensorMetadata(
+                name=item["name"], datatype=item["datatype"], shape=item["shape"]
+            )
+            for item in items
+        ]
+
+    return pb.ModelMetadataResponse(
+        name=metadata["name"],
+        versions=metadata["versions"],
+        platform=metadata["platform"],
+        inputs=tensors(metadata["inputs"]),
+        outputs=tensors(metadata["outputs"]),
+    )

@@ -1,0 +1,219 @@
+"""The KServe v2 gRPC adapter: ``inference.GRPCInferenceService`` on a ``grpc.aio`` server.
+
+The servicer only converts (:mod:`gateway.grpc_codec`) and calls the same :class:`DataPlane`
+methods as the HTTP adapter. Errors are mapped once, by :class:`ErrorInterceptor`, from
+:data:`naiad.errors.GRPC_CODES`; an unknown exception becomes INTERNAL with a generic message
+and its traceback goes to the log. Messages may be up to 2 GiB - 1 bytes each way, Triton's
+limit (``MAX_GRPC_MESSAGE_SIZE``) rather than grpcio's 4 MiB default.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc
+
+from gateway.dataplane import DataPlane
+from gateway.grpc_codec import (
+    from_infer_request,
+    to_infer_response,
+    to_model_metadata,
+    to_server_metadata,
+)
+from naiad.errors import GRPC_CODES, ModelNotFound, NaiadError, Unsupported
+
+logger = logging.getLogger(__name__)
+
+#: Largest message either way (Triton's limit: INT32_MAX).
+MAX_MESSAGE_BYTES = 2**31 - 1
+SERVER_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    # Fail to start when the port is taken instead of silently sharing it.
+    ("grpc.so_reuseport", 0),
+]
+#: Seconds in-flight RPCs get to finish when the server stops.
+STOP_GRACE_S = 5.0
+
+
+def status_of(exc: Exception, method: str) -> tuple[grpc.StatusCode, str]:
+    """The status code and message a client gets for ``exc`` (logged when unexpected)."""
+    if isinstance(exc, NaiadError):
+        code = next(GRPC_CODES[cls] for cls in type(exc).__mro__ if cls in GRPC_CODES)
+        return grpc.StatusCode[code], exc.message
+    logger.error("unhandled error in %s", method, exc_info=exc)
+    return grpc.StatusCode.INTERNAL, "internal server error"
+
+
+def _guard(behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
+    """``behavior`` with every exception turned into a status by :func:`status_of`."""
+    if inspect.isasyncgenfunction(behavior):
+
+        async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            try:
+                async for response in behavior(request, context):
+                    yield response
+            except grpc.aio.AbortError:
+                raise
+            except Exception as exc:
+                await context.abort(*status_of(exc, method))
+
+        return stream
+
+    async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await behavior(request, context)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            await context.abort(*status_of(exc, method))
+
+    return call
+
+
+class ErrorInterceptor(grpc.aio.ServerInterceptor):
+    """Wraps every method's handler so that errors map to statuses in one place."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:  # unknown method: grpc answers UNIMPLEMENTED itself
+            return handler
+        kind = (
+            ("stream" if handler.request_streaming else "unary")
+            + "_"
+            + ("stream" if handler.response_streaming else "unary")
+        )
+        guarded = _guard(getattr(handler, kind), handler_call_details.method)
+        return handler._replace(**{kind: guarded})
+
+
+def _unsupported(feature: str) -> Callable[..., Awaitable[Any]]:
+    async def method(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        raise Unsupported(f"{feature} is not implemented")
+
+    return method
+
+
+def bounded_timeout(
+    parameters: dict[str, Any], time_remaining_s: float | None, default_s: float
+) -> dict[str, Any]:
+    """``parameters`` with ``timeout`` (µs) no later than the gRPC deadline, if one is set.
+
+    Without a ``timeout`` parameter the server default ``default_s`` is the one bounded; an
+    invalid ``timeout`` is left for the data plane to reject.
+    """
+    if time_remaining_s is None:
+        return parameters
+    timeout_us = parameters.get("timeout", int(default_s * 1e6))
+    if not isinstance(timeout_us, int) or isinstance(timeout_us, bool) or timeout_us <= 0:
+        return parameters
+    return {**parameters, "timeout": min(timeout_us, max(1, int(time_remaining_s * 1e6)))}
+
+
+class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
+    """``inference.GRPCInferenceService`` over a :class:`DataPlane`; raises NaiadErrors."""
+
+    def __init__(self, dataplane: DataPlane):
+        self._dp = dataplane
+
+    async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=self._dp.live())
+
+    async def ServerReady(self, request: pb.ServerReadyRequest, context: Any) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=await self._dp.ready())
+
+    async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
+        # Triton (and tritonclient.http's is_model_ready) say "not ready" for an unknown model.
+        try:
+            ready = await self._dp.model_ready(request.name, request.version)
+        except ModelNotFound:
+            ready = False
+        return pb.ModelReadyResponse(ready=ready)
+
+    async def ServerMetadata(
+        self, request: pb.ServerMetadataRequest, context: Any
+    ) -> pb.ServerMetadataResponse:
+        return to_server_metadata(self._dp.server_metadata())
+
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> pb.ModelMetadataResponse:
+        return to_model_metadata(await self._dp.model_metadata(request.name, request.version))
+
+    async def ModelConfig(self, request: pb.ModelConfigRequest, context: Any) -> pb.ModelConfigResponse:
+        entry, _ = await self._dp.resolve(request.name, request.version)
+        return pb.ModelConfigResponse(config=entry.config)
+
+    async def ModelInfer(
+        self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelInferResponse:
+        entry, version = await self._dp.resolve(request.model_name, request.model_version)
+        infer_request = from_infer_request(request, entry.name, version)
+        infer_request.parameters = bounded_timeout(
+            infer_request.parameters, context.time_remaining(), self._dp.request_timeout_s
+        )
+        return to_infer_response(await self._dp.infer(infer_request))
+
+    async def ModelStreamInfer(
+        self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: grpc.aio.ServicerContext
+    ) -> None:
+        """Answer each request of the stream on its own (concurrently, so they can batch);
+        a failing request gets ``error_message`` and the stream goes on."""
+        write_lock = asyncio.Lock()
+
+        async def answer(request: pb.ModelInferRequest) -> None:
+            reply = await self._stream_reply(request, context)
+            async with write_lock:
+                await context.write(reply)
+
+        async with asyncio.TaskGroup() as group:
+            async for request in request_iterator:
+                group.create_task(answer(request))
+
+    async def _stream_reply(
+        self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelStreamInferResponse:
+        try:
+            return pb.ModelStreamInferResponse(infer_response=await self.ModelInfer(request, context))
+        except Exception as exc:
+            _, message = status_of(exc, "ModelStreamInfer")
+            # The id lets a client of the raw stub match the error to its request.
+            echo = pb.ModelInferResponse(
+                id=request.id, model_name=request.model_name, model_version=request.model_version
+            )
+            return pb.ModelStreamInferResponse(error_message=message, infer_response=echo)
+
+    ModelStatistics = _unsupported("the statistics extension")
+    RepositoryIndex = _unsupported("the model repository extension")
+    RepositoryModelLoad = _unsupported("the model repository extension")
+    RepositoryModelUnload = _unsupported("the model repository extension")
+    SystemSharedMemoryStatus = _unsupported("the system shared memory extension")
+    SystemSharedMemoryRegister = _unsupported("the system shared memory extension")
+    SystemSharedMemoryUnregister = _unsupported("the system shared memory extension")
+    CudaSharedMemoryStatus = _unsupported("the CUDA shared memory extension")
+    CudaSharedMemoryRegister = _unsupported("the CUDA shared memory extension")
+    CudaSharedMemoryUnregister = _unsupported("the CUDA shared memory extension")
+    TraceSetting = _unsupported("the trace extension")
+    LogSettings = _unsupported("the logging extension")
+
+
+@contextlib.asynccontextmanager
+async def grpc_server(dataplane: DataPlane, host: str, port: int) -> AsyncIterator[grpc.aio.Server]:
+    """A started gRPC server on ``host:port``, stopped (with a grace period) on exit."""
+    server = grpc.aio.server(interceptors=[ErrorInterceptor()], options=SERVER_OPTIONS)
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(dataplane), server)
+    server.add_insecure_port(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop(STOP_GRACE_S)

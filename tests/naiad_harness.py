@@ -1,0 +1,201 @@
+"""Start and stop a real ``naiad serve`` process for end-to-end tests.
+
+:func:`run_server` starts ``python -m naiad.cli serve`` on free loopback ports with its own
+cache folder and log file, waits for ``/v2/health/ready`` to answer 200, and on the way out
+sends SIGINT, waits (SIGKILL after 15 s) and checks that no worker, redis-server or other
+child of that server is left running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import requests
+
+ROOT = Path(__file__).resolve().parents[1]
+READY_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 15.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(condition: Callable[[], object], timeout_s: float, what: str, interval_s: float = 0.05):
+    """Poll ``condition`` until it returns a truthy value; fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(interval_s)
+
+
+@dataclass
+class NaiadServer:
+    """A running ``naiad serve``: its ports, folders and process."""
+
+    process: subprocess.Popen
+    http_port: int
+    metrics_port: int
+    cache_dir: Path
+    log_path: Path
+    known_children: dict[int, psutil.Process] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        """``host:port`` as tritonclient wants it."""
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def http(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def metrics(self) -> str:
+        response = requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5)
+        response.raise_for_status()
+        return response.text
+
+    def workers(self, model: str) -> float:
+        """Value of ``naiad_model_workers{model="..."}``; fails if the series is missing."""
+        match = re.search(
+            rf'^naiad_model_workers\{{model="{re.escape(model)}"\}} (\S+)$', self.metrics(), re.M
+        )
+        assert match, f"no naiad_model_workers series for {model!r} in metrics"
+        return float(match.group(1))
+
+    def children(self) -> list[psutil.Process]:
+        """Live descendants (embedded redis-server, workers); remembered for teardown."""
+        try:
+            found = psutil.Process(self.process.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            found = []
+        for child in found:
+            self.known_children.setdefault(child.pid, child)
+        return [c for c in found if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+
+    def worker_processes(self, model: str | None = None) -> list[psutil.Process]:
+        """``naiad worker`` processes of this server (by their unique ``--cache-dir``)."""
+        found = []
+        for proc in psutil.process_iter(["cmdline", "status"]):
+            cmd = proc.info["cmdline"] or []
+            if proc.info["status"] == psutil.STATUS_ZOMBIE or "worker" not in cmd:
+                continue
+            if str(self.cache_dir) in cmd and (model is None or model in cmd):
+                found.append(proc)
+        return found
+
+    def stop(self) -> None:
+        """SIGINT, wait (SIGKILL after 15 s); assert a clean exit and no process left behind."""
+        self.children()
+        killed = False
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+                killed = True
+        # Children get SIGTERM from the kernel when serve dies (PR_SET_PDEATHSIG); give them
+        # the same bound before calling them leaked.
+        _, alive = psutil.wait_procs(list(self.known_children.values()), timeout=STOP_TIMEOUT_S)
+        leftovers = alive + [p for p in self.worker_processes() if p.pid not in {a.pid for a in alive}]
+        for proc in leftovers:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        assert not killed, f"naiad serve ignored SIGINT for {STOP_TIMEOUT_S} s; log:\n{self.log()[-3000:]}"
+        assert not leftovers, f"processes left after shutdown: {[p.pid for p in leftovers]}"
+
+
+def start_server(
+    repository: str | Path,
+    workdir: Path,
+    *,
+    idle_timeout_s: float = 60.0,
+    redis_url: str | None = None,
+    request_timeout_s: float | None = None,
+    extra_env: dict[str, str] | None = None,
+) -> NaiadServer:
+    """Start ``naiad serve`` with its cache and log under ``workdir``; wait until ready."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    cache_dir, log_path = workdir / "cache", workdir / "serve.log"
+    http_port, metrics_port = free_port(), free_port()
+    args = [
+        sys.executable, "-m", "naiad.cli", "serve",
+        "--model-repository", str(repository),
+        "--http-port", str(http_port),
+        "--metrics-port", str(metrics_port),
+        "--idle-timeout", str(idle_timeout_s),
+        "--cache-dir", str(cache_dir),
+    ]  # fmt: skip
+    if _serve_has_flag("--grpc-port"):  # gRPC is arriving; never let it take a fixed port
+        args += ["--grpc-port", str(free_port())]
+    if redis_url:
+        args += ["--redis-url", redis_url]
+    if request_timeout_s is not None:
+        args += ["--request-timeout", str(request_timeout_s)]
+    env = {**os.environ, **(extra_env or {}), "PYTHONUNBUFFERED": "1"}
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    server = NaiadServer(process, http_port, metrics_port, cache_dir, log_path)
+    try:
+        wait_for(lambda: _ready(server), READY_TIMEOUT_S, "/v2/health/ready == 200")
+    except BaseException:
+        server.stop()
+        raise
+    server.children()
+    return server
+
+
+def _serve_has_flag(flag: str) -> bool:
+    from naiad.cli import build_parser
+
+    serve = build_parser()._subparsers._group_actions[0].choices["serve"]  # noqa: SLF001
+    return flag in serve._option_string_actions  # noqa: SLF001
+
+
+def _ready(server: NaiadServer) -> bool:
+    if server.process.poll() is not None:
+        raise AssertionError(f"naiad serve exited with {server.process.returncode}:\n{server.log()}")
+    try:
+        return requests.get(f"{server.http}/v2/health/ready", timeout=2).status_code == 200
+    except requests.ConnectionError:
+        return False
+
+
+@contextlib.contextmanager
+def run_server(repository: str | Path, workdir: Path, **kwargs) -> Iterator[NaiadServer]:
+    server = start_server(repository, workdir, **kwargs)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def upload_tree(endpoint: str, bucket: str, folder: Path, prefix: str) -> None:
+    """Upload every file under ``folder`` to ``s3://bucket/prefix/...`` over S3's REST API."""
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=endpoint)
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(folder).as_posix()}")
