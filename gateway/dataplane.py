@@ -14,16 +14,17 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from gateway.classification import classify
 from gateway.dispatcher import QueueDispatcher
 from gateway.registry import ModelRegistry
 from gateway.validation import client_shape, validate_request, wire_datatype
 from naiad import __version__
-from naiad.errors import InvalidInput, ModelNotFound, ModelNotReady, NaiadError, Unsupported
+from naiad.errors import InvalidInput, ModelNotFound, ModelNotReady, NaiadError
 from naiad.inference import InferRequest, InferResponse
 from repository_store import ModelEntry, backend_of, config_to_json
 
 #: Extensions of the v2 protocol this server implements (GET /v2 lists exactly these).
-EXTENSIONS = ["binary_tensor_data", "model_configuration"]
+EXTENSIONS = ["classification", "binary_tensor_data", "model_configuration"]
 
 #: Triton's platform string per normalised backend name (model metadata's ``platform``).
 PLATFORMS = {
@@ -130,6 +131,13 @@ class DataPlane:
         """Validate ``request`` (already resolved to a version) and run it on a worker."""
         entry = await self.registry.get(request.model)
         validate_request(entry.config, request)
-        if any(output.class_count for output in request.outputs):
-            raise Unsupported("the classification extension is not implemented")
-        return await self.dispatcher.infer(request, self._timeout_s(request))
+        response = await self.dispatcher.infer(request, self._timeout_s(request))
+        counts = {output.name: output.class_count for output in request.outputs if output.class_count}
+        if counts:
+            batched = entry.config.max_batch_size > 0
+            response.outputs = [
+                classify(t, counts[t.name], batched, entry.labels.get(t.name, []))
+                if t.name in counts else t
+                for t in response.outputs
+            ]
+        return response

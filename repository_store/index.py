@@ -37,6 +37,8 @@ class ModelEntry:
     versions: list[int] = field(default_factory=list)
     state: str = UNAVAILABLE
     reason: str = ""
+    labels: dict[str, list[str]] = field(default_factory=dict)
+    """Class labels by output name, from each output's ``label_filename`` (one per line)."""
 
     @property
     def ready(self) -> bool:
@@ -51,6 +53,7 @@ class ModelEntry:
                 "versions": list(self.versions),
                 "state": self.state,
                 "reason": self.reason,
+                "labels": self.labels,
             },
             use_bin_type=True,
         )
@@ -64,7 +67,10 @@ class ModelEntry:
             if raw["config"] is not None:
                 config = ModelConfig()
                 config.ParseFromString(raw["config"])
-            return cls(raw["name"], config, list(raw["versions"]), raw["state"], raw["reason"])
+            return cls(
+                raw["name"], config, list(raw["versions"]), raw["state"], raw["reason"],
+                dict(raw.get("labels") or {}),
+            )
         except (KeyError, TypeError, msgpack.UnpackException, ValueError) as exc:
             raise ValueError(f"malformed model entry: {exc}") from None
 
@@ -105,8 +111,25 @@ def _index(store: RepositoryStore, name: str) -> ModelEntry:
         entry.reason = "no version available under the version policy"
         return entry
     entry.reason = _missing_files(store, config, selected)
+    if not entry.reason:
+        entry.labels, entry.reason = _labels(store, config)
     entry.state = UNAVAILABLE if entry.reason else READY
     return entry
+
+
+def _labels(store: RepositoryStore, config: ModelConfig) -> tuple[dict[str, list[str]], str]:
+    """Each output's label file, one label per line (Triton's classification extension
+    reads ``label_filename`` from the model folder); a missing file makes the model
+    unavailable, as it fails Triton's load."""
+    labels: dict[str, list[str]] = {}
+    for output in config.output:
+        if not output.label_filename:
+            continue
+        text = store.read_model_file(config.name, output.label_filename)
+        if text is None:
+            return {}, f"label file '{output.label_filename}' of output '{output.name}' is missing"
+        labels[output.name] = text.decode(errors="replace").splitlines()
+    return labels, ""
 
 
 def _missing_files(store: RepositoryStore, config: ModelConfig, versions: list[int]) -> str:

@@ -115,9 +115,14 @@ class RepositoryStore(abc.ABC):
     def list_versions(self, model: str) -> list[int]:
         """Version numbers of ``model`` (numeric subfolders), ascending; others ignored."""
 
-    @abc.abstractmethod
     def read_config(self, model: str) -> bytes | None:
         """``<model>/config.pbtxt`` contents, or ``None`` when it is absent."""
+        return self.read_model_file(model, CONFIG_FILENAME)
+
+    @abc.abstractmethod
+    def read_model_file(self, model: str, filename: str) -> bytes | None:
+        """A file of the model folder (``config.pbtxt``, a label file), or ``None`` when it
+        is absent. Raises :class:`RepositoryError` for a path leaving the folder."""
 
     @abc.abstractmethod
     def list_version_files(self, model: str, version: int) -> list[FileInfo]:
@@ -161,15 +166,15 @@ class LocalStore(RepositoryStore):
             names = [e.name for e in os.scandir(folder) if e.is_dir()]
         return sorted(int(n) for n in names if is_version_name(n))
 
-    def read_config(self, model: str) -> bytes | None:
-        path = self._model_dir(model) / CONFIG_FILENAME
+    def read_model_file(self, model: str, filename: str) -> bytes | None:
+        path = self._model_dir(model).joinpath(*_validate_relpath(filename))
         try:
             return path.read_bytes()
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             return None
         except OSError as exc:
             reason = exc.strerror or type(exc).__name__
-            raise RepositoryError(f"cannot read {model}/{CONFIG_FILENAME}: {reason}") from None
+            raise RepositoryError(f"cannot read {model}/{filename}: {reason}") from None
 
     def list_version_files(self, model: str, version: int) -> list[FileInfo]:
         folder = self._model_dir(model) / str(_validate_version(version))
@@ -256,10 +261,10 @@ class S3Store(RepositoryStore):
         names = self._subfolders(self._key(validate_model_name(model)))
         return sorted(int(n) for n in names if is_version_name(n))
 
-    def read_config(self, model: str) -> bytes | None:
-        key = self._key(validate_model_name(model), CONFIG_FILENAME)
+    def read_model_file(self, model: str, filename: str) -> bytes | None:
+        key = self._key(validate_model_name(model), *_validate_relpath(filename))
         try:
-            with _s3_errors(self, f"reading {model}/{CONFIG_FILENAME}"):
+            with _s3_errors(self, f"reading {model}/{filename}"):
                 return self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
         except _NoSuchKey:
             return None
