@@ -45,14 +45,21 @@ class QueueDispatcher:
         self.reply_key = keys.reply_list(self.gateway_id)
         self._pending: dict[str, asyncio.Future[Reply]] = {}
         self._reader: asyncio.Task[None] | None = None
+        self._closing = False
 
     async def start(self) -> None:
         self._reader = asyncio.create_task(self._read_replies(), name="reply-reader")
 
     async def stop(self) -> None:
+        """Stop the reply reader and cancel every waiting caller.
+
+        redis-py may turn the reader's cancellation into a ConnectionError, which the
+        reader's retry loop would swallow; ``_closing`` makes that loop end instead.
+        """
+        self._closing = True
         if self._reader is not None:
             self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(asyncio.CancelledError, RedisError):
                 await self._reader
         for future in self._pending.values():
             future.cancel()
@@ -94,11 +101,13 @@ class QueueDispatcher:
 
     async def _read_replies(self) -> None:
         backoff = 0.1
-        while True:
+        while not self._closing:
             try:
                 item = await self.reader.blpop([self.reply_key], timeout=READER_BLOCK_S)
                 backoff = 0.1
             except RedisError as exc:
+                if self._closing:
+                    return
                 logger.warning("reply reader: %s; retrying in %.1f s", exc, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)

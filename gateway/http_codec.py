@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from naiad.datatypes import BINARY_ONLY, from_bytes, numpy_dtype, to_bytes
+from naiad.datatypes import BINARY_ONLY, element_count, from_bytes, numpy_dtype, to_bytes
 from naiad.errors import InvalidInput
 from naiad.inference import InferRequest, InferResponse, RequestedOutput, Tensor
 
@@ -32,6 +32,8 @@ def _parse_header(body: bytes, header_length: int | None) -> tuple[dict[str, Any
         header = json.loads(body[:end])
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InvalidInput(f"failed to parse the request JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidInput("the request JSON is nested too deeply") from None
     if not isinstance(header, dict):
         raise InvalidInput("the request body must be a JSON object")
     return header, memoryview(body)[end:]
@@ -45,6 +47,22 @@ def _shape(raw: Any, name: str) -> list[int]:
     return raw
 
 
+# JSON value kinds (numpy dtype.kind of the parsed list) each datatype kind accepts:
+# booleans only for BOOL, integers for integer types, integers or floats for float types.
+_ACCEPTS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
+
+
+def _numbers(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Cast parsed JSON numbers to ``dtype``, refusing what Triton refuses: ``null``, strings,
+    floats for integer types, values out of range (no silent truncation or wrap-around)."""
+    if values.size and values.dtype.kind not in _ACCEPTS[dtype.kind]:
+        raise ValueError(f"JSON values of kind '{values.dtype}' are not {dtype}")
+    cast = values.astype(dtype)
+    if dtype.kind in "iu" and values.size and not np.array_equal(cast.astype(values.dtype), values):
+        raise ValueError(f"values out of range for {dtype}")
+    return cast
+
+
 def _json_data(name: str, datatype: str, data: Any, shape: list[int]) -> np.ndarray:
     if datatype in BINARY_ONLY:
         raise InvalidInput(f"input '{name}': {datatype} data must use the binary extension")
@@ -56,10 +74,10 @@ def _json_data(name: str, datatype: str, data: Any, shape: list[int]) -> np.ndar
             array = np.empty(flat.size, dtype=np.object_)
             array[:] = [item.encode() for item in flat]
         else:
-            array = np.asarray(data, dtype=numpy_dtype(datatype)).reshape(-1)
+            array = _numbers(np.asarray(data).reshape(-1), numpy_dtype(datatype))
     except (ValueError, TypeError, OverflowError) as exc:
         raise InvalidInput(f"input '{name}': data does not fit {datatype}: {exc}") from None
-    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    count = element_count(shape)
     if array.size != count:
         raise InvalidInput(f"input '{name}': shape {shape} needs {count} elements, data has {array.size}")
     return array.reshape(shape)

@@ -64,11 +64,13 @@ def _unpack_tensors(specs: list[list[Any]], raw: bytes) -> list[Tensor]:
     tensors, offset = [], 0
     view = memoryview(raw)
     for name, datatype, shape, nbytes in specs:
-        if offset + nbytes > len(view):
+        if not isinstance(nbytes, int) or nbytes < 0 or offset + nbytes > len(view):
             raise InvalidInput("queue message is shorter than its header says")
         data = from_bytes(view[offset : offset + nbytes], datatype, shape)
         tensors.append(Tensor(name, datatype, list(shape), data))
         offset += nbytes
+    if offset != len(view):
+        raise InvalidInput("queue message carries bytes its header does not describe")
     return tensors
 
 

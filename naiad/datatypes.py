@@ -8,6 +8,7 @@ architecture/data-plane/v2-protocol) and Triton's ``model_config.proto`` ``DataT
 
 from __future__ import annotations
 
+import math
 import struct
 
 import ml_dtypes
@@ -51,6 +52,7 @@ def datatype_of(dtype: np.dtype) -> str:
     """The v2 datatype of a numpy dtype (object and byte-string arrays are BYTES)."""
     if dtype.kind in "OSU":
         return "BYTES"
+    dtype = dtype.newbyteorder("=") if dtype.byteorder not in "=|" else dtype
     for name, candidate in NUMPY_DTYPES.items():
         if candidate == dtype and name != "BYTES":
             return name
@@ -71,6 +73,12 @@ def datatype_to_config(datatype: str) -> str:
 def element_size(datatype: str) -> int:
     """Bytes per element of a fixed-size datatype; 0 for BYTES (variable length)."""
     return 0 if datatype == "BYTES" else numpy_dtype(datatype).itemsize
+
+
+def element_count(shape: list[int]) -> int:
+    """Elements of a tensor of ``shape`` (1 for a scalar), in exact integer arithmetic so a
+    hostile shape cannot wrap around as numpy's fixed-width product would."""
+    return math.prod(shape)
 
 
 def serialize_bytes(array: np.ndarray) -> bytes:
@@ -124,7 +132,7 @@ def from_bytes(buffer: bytes | memoryview, datatype: str, shape: list[int]) -> n
 
     Raises :class:`InvalidInput` when the byte count disagrees with shape and datatype.
     """
-    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    count = element_count(shape)
     if datatype == "BYTES":
         return deserialize_bytes(buffer, count).reshape(shape)
     dtype = numpy_dtype(datatype)

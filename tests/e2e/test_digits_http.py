@@ -112,7 +112,10 @@ def test_holdout_accuracy_equals_onnxruntime(client, digits_onnx, digits_holdout
     x, y = digits_holdout
     direct = reference(digits_onnx, x)["label"][:, 0]
     served = np.concatenate(
-        [infer(client, np.ascontiguousarray(x[i : i + 64])).as_numpy("label")[:, 0] for i in range(0, len(x), 64)]
+        [
+            infer(client, np.ascontiguousarray(x[i : i + 64])).as_numpy("label")[:, 0]
+            for i in range(0, len(x), 64)
+        ]
     )
     np.testing.assert_array_equal(served, direct)
     assert float(np.mean(served == y)) == float(np.mean(direct == y)) > 0.9

@@ -7,7 +7,9 @@ import tritonclient.http as httpclient
 from naiad_harness import upload_tree
 
 
-def test_digits_from_s3_equals_onnxruntime(naiad_server, s3_endpoint, s3_bucket, example_repository, digits_onnx, digits_holdout):
+def test_digits_from_s3_equals_onnxruntime(
+    naiad_server, s3_endpoint, s3_bucket, example_repository, digits_onnx, digits_holdout
+):
     upload_tree(s3_endpoint, s3_bucket, example_repository, "team/models")
     host_port = s3_endpoint.removeprefix("http://")
     server = naiad_server(repository=f"s3://{host_port}/{s3_bucket}/team/models")

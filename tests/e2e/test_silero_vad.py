@@ -38,7 +38,11 @@ def test_silero_vad_equals_onnxruntime(naiad_server, example_repository):
         state = np.zeros((2, 1, 128), np.float32)
         sr = np.array([16000], np.int64)
         inputs = []
-        for name, array, datatype in (("input", chunk, "FP32"), ("state", state, "FP32"), ("sr", sr, "INT64")):
+        for name, array, datatype in (
+            ("input", chunk, "FP32"),
+            ("state", state, "FP32"),
+            ("sr", sr, "INT64"),
+        ):
             tensor = httpclient.InferInput(name, list(array.shape), datatype)
             tensor.set_data_from_numpy(array)
             inputs.append(tensor)

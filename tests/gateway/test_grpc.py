@@ -251,8 +251,15 @@ def test_not_yet_implemented_extensions_are_unimplemented(client):
     assert status_of(lambda: client.get_inference_statistics("digits")) == "StatusCode.UNIMPLEMENTED"
     assert status_of(lambda: client.get_model_repository_index()) == "StatusCode.UNIMPLEMENTED"
     assert status_of(lambda: client.load_model("digits")) == "StatusCode.UNIMPLEMENTED"
-    x = np.ones((1, 64), np.float32)
+
+
+def test_classification_returns_top_classes_with_labels(client, digits_onnx):
+    x = np.ones((2, 64), np.float32)
     outputs = [grpcclient.InferRequestedOutput("probabilities", class_count=3)]
-    assert status_of(lambda: client.infer("digits", [digits_input(x)], outputs=outputs)) == (
-        "StatusCode.UNIMPLEMENTED"
-    )
+    result = client.infer("digits", [digits_input(x)], outputs=outputs).as_numpy("probabilities")
+    probabilities = digits_onnx.run(["probabilities"], {"input": x})[0]
+    assert result.shape == (2, 3)
+    for row, expected in zip(result, probabilities, strict=True):
+        value, index, label = row[0].decode().split(":")
+        assert int(index) == int(np.argmax(expected)) and label == index
+        assert float(value) == pytest.approx(float(expected.max()), abs=1e-6)

@@ -57,33 +57,84 @@ def _raw_cases() -> list:
         ("negative-dim", "POST", DIGITS, {"json": body(shape=[-1, 64])}, 400),
         ("no-inputs", "POST", DIGITS, {"json": {"inputs": []}}, 400),
         ("unknown-output", "POST", DIGITS, {"json": {**body(), "outputs": [{"name": "logits"}]}}, 400),
-        ("malformed-json", "POST", DIGITS, {"data": b'{"inputs": [', "headers": {"Content-Type": "application/json"}}, 400),
+        (
+            "malformed-json",
+            "POST",
+            DIGITS,
+            {"data": b'{"inputs": [', "headers": {"Content-Type": "application/json"}},
+            400,
+        ),
         ("json-not-object", "POST", DIGITS, {"data": b"[1, 2]"}, 400),
         ("non-utf8-body", "POST", DIGITS, {"data": b'{"inputs": "\xff\xfe"}'}, 400),
         ("fp16-as-json", "POST", DIGITS, {"json": body(datatype="FP16")}, 400),
         ("data-not-numbers", "POST", DIGITS, {"json": body(data="abc")}, 400),
     ]
     past, past_headers = binary_body(
-        {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 64], "parameters": {"binary_data_size": 257}}]},
+        {
+            "inputs": [
+                {
+                    "name": "input",
+                    "datatype": "FP32",
+                    "shape": [1, 64],
+                    "parameters": {"binary_data_size": 257},
+                }
+            ]
+        },
         fp32,
     )
     cases.append(("binary-size-past-body", "POST", DIGITS, {"data": past, "headers": past_headers}, 400))
     short, short_headers = binary_body(
-        {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 64], "parameters": {"binary_data_size": 128}}]},
+        {
+            "inputs": [
+                {
+                    "name": "input",
+                    "datatype": "FP32",
+                    "shape": [1, 64],
+                    "parameters": {"binary_data_size": 128},
+                }
+            ]
+        },
         fp32[:128],
     )
     cases.append(("binary-size-vs-shape", "POST", DIGITS, {"data": short, "headers": short_headers}, 400))
     extra, extra_headers = binary_body(
-        {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 64], "parameters": {"binary_data_size": 256}}]},
+        {
+            "inputs": [
+                {
+                    "name": "input",
+                    "datatype": "FP32",
+                    "shape": [1, 64],
+                    "parameters": {"binary_data_size": 256},
+                }
+            ]
+        },
         fp32 + b"\0\0\0\0",
     )
     cases.append(("binary-left-over", "POST", DIGITS, {"data": extra, "headers": extra_headers}, 400))
     huge = {"Inference-Header-Content-Length": "100000"}
-    cases.append(("header-length-past-body", "POST", DIGITS, {"data": json.dumps(body()).encode(), "headers": huge}, 400))
-    cases.append(("header-length-not-int", "POST", DIGITS, {"json": body(), "headers": {"Inference-Header-Content-Length": "x"}}, 400))
+    cases.append(
+        (
+            "header-length-past-body",
+            "POST",
+            DIGITS,
+            {"data": json.dumps(body()).encode(), "headers": huge},
+            400,
+        )
+    )
+    cases.append(
+        (
+            "header-length-not-int",
+            "POST",
+            DIGITS,
+            {"json": body(), "headers": {"Inference-Header-Content-Length": "x"}},
+            400,
+        )
+    )
     cases.append(("framework-404", "GET", "/nope", {}, 404))
     cases.append(("framework-405", "GET", DIGITS, {}, 405))
-    return [pytest.param(method, path, kwargs, status, id=name) for name, method, path, kwargs, status in cases]
+    return [
+        pytest.param(method, path, kwargs, status, id=name) for name, method, path, kwargs, status in cases
+    ]
 
 
 @pytest.mark.parametrize(("method", "path", "kwargs", "status"), _raw_cases())

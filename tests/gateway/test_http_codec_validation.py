@@ -1,0 +1,219 @@
+"""gateway.http_codec (v2 JSON and binary bodies) and gateway.validation, without servers."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from gateway.http_codec import HEADER_LENGTH, parse_infer_request, render_infer_response
+from gateway.validation import client_shape, validate_request, wire_datatype
+from naiad.errors import InvalidInput
+from naiad.inference import InferRequest, InferResponse, RequestedOutput, Tensor
+
+
+def binary(header: dict, *chunks: bytes) -> tuple[bytes, int]:
+    head = json.dumps(header).encode()
+    return head + b"".join(chunks), len(head)
+
+
+def spec(name="x", datatype="FP32", shape=(1, 2), **extra) -> dict:
+    return {"name": name, "datatype": datatype, "shape": list(shape), **extra}
+
+
+# --- parse -----------------------------------------------------------------------------------
+
+
+def test_parse_json_nested_and_flat():
+    body = json.dumps(
+        {
+            "id": "a",
+            "inputs": [spec(data=[[1, 2]]), spec("y", "INT64", (2,), data=[3, 4])],
+            "outputs": [{"name": "o", "parameters": {"binary_data": True}}],
+            "parameters": {"binary_data_output": False},
+        }
+    ).encode()
+    request = parse_infer_request(body, None, "m", 2)
+    assert (request.model, request.version, request.id) == ("m", 2, "a")
+    np.testing.assert_array_equal(request.inputs[0].data, np.array([[1, 2]], np.float32))
+    assert request.inputs[0].data.dtype == np.float32 and request.inputs[1].data.dtype == np.int64
+    assert request.outputs[0].name == "o" and request.outputs[0].binary is True
+    assert request.parameters == {"binary_data_output": False}
+
+
+def test_parse_binary_inputs_in_order_with_json_between():
+    a, b = np.arange(2, dtype=np.float32).reshape(1, 2), np.array([b"\xff", b""], dtype=object)
+    raw_b = b"\x01\0\0\0\xff\0\0\0\0"
+    body, length = binary(
+        {
+            "inputs": [
+                spec(parameters={"binary_data_size": 8}),
+                spec("j", "INT32", (1,), data=[7]),
+                spec("s", "BYTES", (2,), parameters={"binary_data_size": len(raw_b)}),
+            ]
+        },
+        a.tobytes(),
+        raw_b,
+    )
+    request = parse_infer_request(body, length, "m", 1)
+    np.testing.assert_array_equal(request.inputs[0].data, a)
+    assert request.inputs[1].data.tolist() == [7]
+    assert request.inputs[2].data.tolist() == b.tolist()
+
+
+def test_parse_bytes_json_strings():
+    body = json.dumps({"inputs": [spec("s", "BYTES", (2,), data=["", "é"])]}).encode()
+    assert parse_infer_request(body, None, "m", 1).inputs[0].data.tolist() == [b"", "é".encode()]
+
+
+def good_binary() -> tuple[bytes, int]:
+    return binary({"inputs": [spec(parameters={"binary_data_size": 8})]}, b"\0" * 8)
+
+
+@pytest.mark.parametrize(
+    ("body", "length"),
+    [
+        (good_binary()[0], 0),  # header length 0
+        (good_binary()[0], len(good_binary()[0]) + 1),  # past the body
+        (good_binary()[0], good_binary()[1] - 1),  # cuts the JSON
+        (good_binary()[0], None),  # binary bytes without a header length
+        (good_binary()[0] + b"\0", good_binary()[1]),  # a byte left over
+        (good_binary()[0][:-1], good_binary()[1]),  # a byte short
+        (b"\xff\xfe", None),
+        (b"{", None),
+        (b"[]", None),
+        (b"{}", None),
+        (json.dumps({"inputs": [spec(data=[1])]}).encode(), None),  # element count
+        (json.dumps({"inputs": [spec(data=[1, 2, 3])]}).encode(), None),
+        (json.dumps({"inputs": [spec("h", "FP16", data=[1, 2])]}).encode(), None),
+        (json.dumps({"inputs": [spec("h", "BF16", data=[1, 2])]}).encode(), None),
+        (json.dumps({"inputs": [spec(datatype="FLOAT", data=[1, 2])]}).encode(), None),
+        (json.dumps({"inputs": [spec(shape=(1, -2), data=[1, 2])]}).encode(), None),
+        (json.dumps({"inputs": [spec(shape=(True, 2), data=[1, 2])]}).encode(), None),
+        (json.dumps({"inputs": [spec(shape="12", data=[1, 2])]}).encode(), None),
+        (json.dumps({"inputs": [spec()]}).encode(), None),  # neither data nor binary size
+        (json.dumps({"inputs": [spec(data="ab")]}).encode(), None),
+        (json.dumps({"inputs": [spec("i", "INT8", data=[1, 300])]}).encode(), None),
+        (json.dumps({"inputs": [spec("s", "BYTES", (1,), data=[1])]}).encode(), None),
+        (json.dumps({"inputs": [spec(parameters={"binary_data_size": -1})]}).encode(), None),
+        (json.dumps({"inputs": [spec(data=[1, 2])], "id": 5}).encode(), None),
+        (json.dumps({"inputs": [spec(data=[1, 2])], "parameters": [1]}).encode(), None),
+        (json.dumps({"inputs": [spec(data=[1, 2])], "outputs": [{"nam": "o"}]}).encode(), None),
+        (json.dumps({"inputs": [{"datatype": "FP32"}]}).encode(), None),
+    ],
+)
+def test_parse_rejects_malformed(body, length):
+    with pytest.raises(InvalidInput):
+        parse_infer_request(body, length, "m", 1)
+
+
+def test_parse_header_length_equal_to_body_is_json_only():
+    body = json.dumps({"inputs": [spec(data=[1, 2])]}).encode()
+    assert parse_infer_request(body, len(body), "m", 1).inputs[0].shape == [1, 2]
+
+
+# --- render ----------------------------------------------------------------------------------
+
+
+def response_and_request(outputs: list[RequestedOutput], parameters: dict | None = None):
+    tensors = [
+        Tensor("p", "FP32", [1, 2], np.array([[0.5, 1.5]], np.float32)),
+        Tensor("s", "BYTES", [1], np.array([b"ok"], dtype=object)),
+    ]
+    request = InferRequest("m", 1, [], outputs, "id7", parameters or {})
+    return InferResponse("m", 1, tensors, "id7"), request
+
+
+def split_body(payload: bytes, headers: dict[str, str]) -> tuple[dict, bytes]:
+    if HEADER_LENGTH not in headers:
+        assert headers["Content-Type"] == "application/json"
+        return json.loads(payload), b""
+    length = int(headers[HEADER_LENGTH])
+    return json.loads(payload[:length]), payload[length:]
+
+
+def test_render_json_by_default():
+    header, tail = split_body(*render_infer_response(*response_and_request([])))
+    assert tail == b"" and header["id"] == "id7" and header["model_version"] == "1"
+    assert [o["data"] for o in header["outputs"]] == [[0.5, 1.5], ["ok"]]
+
+
+def test_render_binary_output_default_and_per_output_choice():
+    payload, headers = render_infer_response(
+        *response_and_request([RequestedOutput("s", binary=False)], {"binary_data_output": True})
+    )
+    header, tail = split_body(payload, headers)
+    p, s = header["outputs"]
+    assert p["parameters"] == {"binary_data_size": 8} and "data" not in p
+    assert s["data"] == ["ok"]
+    assert tail == np.array([0.5, 1.5], "<f4").tobytes()
+    assert int(headers[HEADER_LENGTH]) == len(payload) - 8
+
+
+def test_render_binary_bytes_and_non_utf8():
+    response, request = response_and_request([RequestedOutput("s", binary=True)])
+    response.outputs[1].data = np.array([b"\xff"], dtype=object)
+    header, tail = split_body(*render_infer_response(response, request))
+    assert header["outputs"][1]["parameters"] == {"binary_data_size": 5} and tail == b"\x01\0\0\0\xff"
+    with pytest.raises(InvalidInput):
+        render_infer_response(response, InferRequest("m", 1, [], [RequestedOutput("s", binary=False)]))
+
+
+# --- validation ------------------------------------------------------------------------------
+
+DIGITS = text_format.Parse(
+    """name: "d" max_batch_size: 4
+    input [ { name: "x" data_type: TYPE_FP32 dims: [ 3 ] },
+            { name: "s" data_type: TYPE_STRING dims: [ -1 ] optional: true } ]
+    output [ { name: "y" data_type: TYPE_INT64 dims: [ 1 ] } ]""",
+    mc.ModelConfig(),
+)
+NOBATCH = text_format.Parse(
+    """name: "n" max_batch_size: 0
+    input [ { name: "x" data_type: TYPE_FP32 dims: [ 2, -1 ] } ]
+    output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]""",
+    mc.ModelConfig(),
+)
+
+
+def t(name: str, shape: list[int], datatype: str = "FP32") -> Tensor:
+    return Tensor(name, datatype, shape, np.zeros(0))
+
+
+def req(*tensors: Tensor, outputs=()) -> InferRequest:
+    return InferRequest("d", 1, list(tensors), [RequestedOutput(o) for o in outputs])
+
+
+def test_validation_accepts():
+    validate_request(DIGITS, req(t("x", [1, 3])))
+    validate_request(DIGITS, req(t("x", [4, 3]), t("s", [4, 7], "BYTES"), outputs=["y"]))
+    validate_request(NOBATCH, req(t("x", [2, 9])))
+    assert client_shape(DIGITS, [3]) == [-1, 3] and client_shape(NOBATCH, [2, -1]) == [2, -1]
+    assert wire_datatype(mc.TYPE_STRING) == "BYTES" and wire_datatype(mc.TYPE_BF16) == "BF16"
+
+
+@pytest.mark.parametrize(
+    ("config", "request_"),
+    [
+        (DIGITS, req(t("z", [1, 3]))),
+        (DIGITS, req(t("x", [1, 3]), t("x", [1, 3]))),
+        (DIGITS, req(t("s", [1, 2], "BYTES"))),  # required x missing
+        (DIGITS, req(t("x", [1, 3], "FP64"))),
+        (DIGITS, req(t("x", [1, 4]))),
+        (DIGITS, req(t("x", [3]))),
+        (DIGITS, req(t("x", []))),
+        (DIGITS, req(t("x", [0, 3]))),
+        (DIGITS, req(t("x", [5, 3]))),
+        (DIGITS, req(t("x", [1, 3, 1]))),
+        (DIGITS, req(t("x", [2, 3]), t("s", [1, 1], "BYTES"))),  # batch sizes disagree
+        (DIGITS, req(t("x", [1, 3]), outputs=["nope"])),
+        (NOBATCH, req(t("x", [1, 2, 9]))),
+        (NOBATCH, req(t("x", [3, 9]))),
+    ],
+)
+def test_validation_rejects(config, request_):
+    with pytest.raises(InvalidInput):
+        validate_request(config, request_)
