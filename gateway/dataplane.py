@@ -9,6 +9,8 @@ model that looks local). Response shapes follow the KServe v2 protocol's "Server
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -18,13 +20,23 @@ from gateway.classification import classify
 from gateway.dispatcher import QueueDispatcher
 from gateway.registry import ModelRegistry
 from gateway.validation import client_shape, validate_request, wire_datatype
-from naiad import __version__
-from naiad.errors import InvalidInput, ModelNotFound, ModelNotReady, NaiadError
+from naiad import __version__, stats
+from naiad.errors import (
+    InvalidInput,
+    ModelControlDisabled,
+    ModelNotFound,
+    ModelNotReady,
+    NaiadError,
+    Unavailable,
+    Unsupported,
+)
 from naiad.inference import InferRequest, InferResponse
-from repository_store import ModelEntry, backend_of, config_to_json
+from repository_store import ModelEntry, backend_of, config_to_json, parse_config_json
+
+logger = logging.getLogger(__name__)
 
 #: Extensions of the v2 protocol this server implements (GET /v2 lists exactly these).
-EXTENSIONS = ["classification", "binary_tensor_data", "model_configuration"]
+EXTENSIONS = ["classification", "binary_tensor_data", "model_configuration", "statistics", "model_repository"]
 
 #: Triton's platform string per normalised backend name (model metadata's ``platform``).
 PLATFORMS = {
@@ -36,6 +48,22 @@ PLATFORMS = {
 }
 
 
+#: Triton's scheduling parameters: ``priority`` (uint64; 0 = the model's default) and
+#: ``timeout`` (µs, uint64; 0 = none).
+SCHEDULING_PARAMETERS = ("priority", "timeout")
+
+
+def check_scheduling_parameters(parameters: dict[str, Any]) -> None:
+    """Raise :class:`InvalidInput` unless ``priority`` and ``timeout``, where given, are
+    integers in 0..2**64-1 (JSON ``true`` and ``1.5`` are not)."""
+    for name in SCHEDULING_PARAMETERS:
+        value = parameters.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**64:
+            raise InvalidInput(f"parameter '{name}' must be a non-negative integer, got {value!r}")
+
+
 class DataPlane:
     """Server and model operations; raises :class:`NaiadError` subclasses for clients."""
 
@@ -45,11 +73,13 @@ class DataPlane:
         registry: ModelRegistry,
         dispatcher: QueueDispatcher,
         request_timeout_s: float,
+        model_control_mode: str = "none",
     ):
         self.redis = redis
         self.registry = registry
         self.dispatcher = dispatcher
         self.request_timeout_s = request_timeout_s
+        self.model_control_mode = model_control_mode
 
     @staticmethod
     def live() -> bool:
@@ -80,7 +110,7 @@ class DataPlane:
             raise ModelNotReady(f"model '{name}' is not ready: {entry.reason}")
         if not version:
             return entry, max(entry.versions)
-        if not version.isdigit():
+        if not (version.isascii() and version.isdigit() and len(version) <= 18):
             raise InvalidInput(f"model version must be a positive integer, got '{version}'")
         if int(version) not in entry.versions:
             raise ModelNotFound(f"model '{name}' has no version {version}")
@@ -119,19 +149,83 @@ class DataPlane:
         entry, _ = await self.resolve(name, version)
         return config_to_json(entry.config)
 
+    async def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        """Triton's repository index: one ``{name, version, state, reason}`` per model
+        (``version``: the newest served one, absent when none is known)."""
+        await self.registry.sync()
+        index = []
+        for entry in self.registry.entries():
+            if ready_only and not entry.ready:
+                continue
+            item = {"name": entry.name, "state": entry.state, "reason": entry.reason}
+            if entry.versions:
+                item["version"] = str(max(entry.versions))
+            index.append(item)
+        return index
+
+    def _check_model_control(self) -> None:
+        if self.model_control_mode == "poll":
+            raise ModelControlDisabled("explicit model load / unload is not allowed if polling is enabled")
+        if self.model_control_mode != "explicit":
+            raise ModelControlDisabled(
+                "explicit model load / unload is not allowed in model control mode 'none' "
+                "(start the server with --model-control-mode=explicit)"
+            )
+
+    async def load_model(self, name: str, parameters: dict[str, Any]) -> None:
+        """Load (or reload) ``name`` from the repository; parameter ``config`` (a JSON model
+        config) replaces its config.pbtxt. Raises ModelNotReady with the reason when the
+        model does not load; the other models are unaffected."""
+        self._check_model_control()
+        files = sorted(key for key in parameters if key.startswith("file:"))
+        if files:
+            raise Unsupported(f"loading model files sent with the request is not supported: {files[0]}")
+        config = parameters.get("config")
+        if config is not None and not isinstance(config, str):
+            raise InvalidInput("load parameter 'config' must be a string holding a JSON model config")
+        override = parse_config_json(config, name) if config else None
+        entry = await self.registry.load(name, override)
+        if not entry.ready:
+            raise ModelNotReady(f"failed to load '{name}': {entry.reason}")
+
+    async def unload_model(self, name: str, parameters: dict[str, Any]) -> None:
+        """Unload ``name``: not ready, requests refused, its workers drain and exit.
+        ``unload_dependents`` is accepted; ensembles are not tracked as dependents."""
+        self._check_model_control()
+        if not isinstance(parameters.get("unload_dependents", False), bool):
+            raise InvalidInput("unload parameter 'unload_dependents' must be a boolean")
+        await self.registry.unload(name)
+
     def _timeout_s(self, request: InferRequest) -> float:
+        """The request's ``timeout`` (µs) in seconds; none or 0 (Triton: no timeout of its
+        own) means the server default. Raises :class:`InvalidInput` for a bad ``priority``
+        or ``timeout``; both travel to the worker in the request's parameters."""
+        check_scheduling_parameters(request.parameters)
         timeout_us = request.parameters.get("timeout")
-        if timeout_us is None:
+        if not timeout_us:
             return self.request_timeout_s
-        if not isinstance(timeout_us, int) or isinstance(timeout_us, bool) or timeout_us <= 0:
-            raise InvalidInput("parameter 'timeout' must be a positive integer (microseconds)")
         return timeout_us / 1e6
 
     async def infer(self, request: InferRequest) -> InferResponse:
-        """Validate ``request`` (already resolved to a version) and run it on a worker."""
+        """Validate ``request`` (already resolved to a version) and run it on a worker.
+
+        A request that passes validation counts in the model's statistics as a success or a
+        failure, with its duration here (Triton counts only requests that reach the model).
+        """
+        started_ns = time.perf_counter_ns()
         entry = await self.registry.get(request.model)
         validate_request(entry.config, request)
-        response = await self.dispatcher.infer(request, self._timeout_s(request))
+        timeout_s = self._timeout_s(request)
+        try:
+            response = await self._run(entry, request, timeout_s)
+        except Exception:
+            await self._record(request, False, started_ns)
+            raise
+        await self._record(request, True, started_ns)
+        return response
+
+    async def _run(self, entry: ModelEntry, request: InferRequest, timeout_s: float) -> InferResponse:
+        response = await self.dispatcher.infer(request, timeout_s)
         counts = {output.name: output.class_count for output in request.outputs if output.class_count}
         if counts:
             batched = entry.config.max_batch_size > 0
@@ -141,3 +235,28 @@ class DataPlane:
                 for t in response.outputs
             ]
         return response
+
+    async def _record(self, request: InferRequest, ok: bool, started_ns: int) -> None:
+        """Add one request's outcome to its model's statistics; never fails the request."""
+        duration_ns, now_ms = time.perf_counter_ns() - started_ns, int(time.time() * 1000)
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                stats.add_request(pipe, request.model, request.version, ok, duration_ns, now_ms)
+                await pipe.execute()
+        except RedisError as exc:
+            logger.warning("statistics of model '%s' not recorded: %s", request.model, exc)
+
+    async def model_statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
+        """Triton's statistics extension: ``{"model_stats": [...]}`` for ``version`` of
+        ``name``, every version it serves (no ``version``), or every ready model (no
+        ``name``). Unknown model or version: :class:`ModelNotFound`."""
+        if name:
+            entry, number = await self.resolve(name, version)
+            wanted = [(entry.name, [number] if version else sorted(entry.versions))]
+        else:
+            await self.registry.sync()
+            wanted = [(e.name, sorted(e.versions)) for e in self.registry.entries() if e.state == "READY"]
+        try:
+            return {"model_stats": await stats.read(self.redis, wanted)}
+        except RedisError as exc:
+            raise Unavailable(f"statistics unavailable: {exc}") from None

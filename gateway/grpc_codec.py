@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 
 from naiad.datatypes import from_bytes, numpy_dtype, to_bytes
@@ -236,7 +237,8 @@ def from_infer_response(message: pb.ModelInferResponse) -> InferResponse:
         Tensor(spec.name, spec.datatype, list(spec.shape), from_bytes(raw, spec.datatype, list(spec.shape)))
         for spec, raw in zip(message.outputs, message.raw_output_contents, strict=True)
     ]
-    version = int(message.model_version) if message.model_version.isdigit() else 0
+    raw = message.model_version
+    version = int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 18 else 0
     return InferResponse(
         message.model_name, version, outputs, message.id, from_parameters(message.parameters)
     )
@@ -270,3 +272,25 @@ def to_model_metadata(metadata: Mapping[str, Any]) -> pb.ModelMetadataResponse:
         inputs=tensors(metadata["inputs"]),
         outputs=tensors(metadata["outputs"]),
     )
+
+
+def to_model_statistics(statistics: Mapping[str, Any]) -> pb.ModelStatisticsResponse:
+    """``DataPlane.model_statistics()`` as its message: the dict already has the message's
+    JSON shape (Triton's statistics extension uses the proto field names over HTTP)."""
+    return json_format.ParseDict(statistics, pb.ModelStatisticsResponse())
+
+
+def to_repository_index(index: list[Mapping[str, str]]) -> pb.RepositoryIndexResponse:
+    """``DataPlane.repository_index()`` as its message (``version`` absent stays empty)."""
+    return pb.RepositoryIndexResponse(
+        models=[pb.RepositoryIndexResponse.ModelIndex(**item) for item in index]
+    )
+
+
+def from_repository_parameters(params: Mapping[str, pb.ModelRepositoryParameter]) -> dict[str, Any]:
+    """A load/unload request's parameters as plain values (what the HTTP body carries)."""
+    values: dict[str, Any] = {}
+    for key, param in params.items():
+        kind = param.WhichOneof("parameter_choice")
+        values[key] = getattr(param, kind) if kind else None
+    return values

@@ -23,11 +23,14 @@ from tritonclient.grpc import service_pb2_grpc
 from gateway.dataplane import DataPlane
 from gateway.grpc_codec import (
     from_infer_request,
+    from_repository_parameters,
     to_infer_response,
     to_model_metadata,
+    to_model_statistics,
+    to_repository_index,
     to_server_metadata,
 )
-from naiad.errors import GRPC_CODES, ModelNotFound, NaiadError, Unsupported
+from naiad.errors import GRPC_CODES, ModelNotFound, Unsupported, as_naiad_error
 
 logger = logging.getLogger(__name__)
 
@@ -45,9 +48,10 @@ STOP_GRACE_S = 5.0
 
 def status_of(exc: Exception, method: str) -> tuple[grpc.StatusCode, str]:
     """The status code and message a client gets for ``exc`` (logged when unexpected)."""
-    if isinstance(exc, NaiadError):
-        code = next(GRPC_CODES[cls] for cls in type(exc).__mro__ if cls in GRPC_CODES)
-        return grpc.StatusCode[code], exc.message
+    known = as_naiad_error(exc)
+    if known is not None:
+        code = next(GRPC_CODES[cls] for cls in type(known).__mro__ if cls in GRPC_CODES)
+        return grpc.StatusCode[code], known.message
     logger.error("unhandled error in %s", method, exc_info=exc)
     return grpc.StatusCode.INTERNAL, "internal server error"
 
@@ -110,12 +114,15 @@ def bounded_timeout(
 ) -> dict[str, Any]:
     """``parameters`` with ``timeout`` (µs) no later than the gRPC deadline, if one is set.
 
-    Without a ``timeout`` parameter the server default ``default_s`` is the one bounded; an
-    invalid ``timeout`` is left for the data plane to reject.
+    Without a ``timeout`` parameter, or with 0 (no timeout of its own), the server default
+    ``default_s`` is the one bounded; an invalid ``timeout`` is left for the data plane to
+    reject.
     """
     if time_remaining_s is None:
         return parameters
-    timeout_us = parameters.get("timeout", int(default_s * 1e6))
+    timeout_us = parameters.get("timeout")
+    if timeout_us is None or (type(timeout_us) is int and timeout_us == 0):
+        timeout_us = int(default_s * 1e6)
     if not isinstance(timeout_us, int) or isinstance(timeout_us, bool) or timeout_us <= 0:
         return parameters
     return {**parameters, "timeout": min(timeout_us, max(1, int(time_remaining_s * 1e6)))}
@@ -152,6 +159,30 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelConfig(self, request: pb.ModelConfigRequest, context: Any) -> pb.ModelConfigResponse:
         entry, _ = await self._dp.resolve(request.name, request.version)
         return pb.ModelConfigResponse(config=entry.config)
+
+    async def ModelStatistics(
+        self, request: pb.ModelStatisticsRequest, context: Any
+    ) -> pb.ModelStatisticsResponse:
+        return to_model_statistics(await self._dp.model_statistics(request.name, request.version))
+
+    async def RepositoryIndex(
+        self, request: pb.RepositoryIndexRequest, context: Any
+    ) -> pb.RepositoryIndexResponse:
+        return to_repository_index(await self._dp.repository_index(request.ready))
+
+    async def RepositoryModelLoad(
+        self, request: pb.RepositoryModelLoadRequest, context: Any
+    ) -> pb.RepositoryModelLoadResponse:
+        parameters = from_repository_parameters(request.parameters)
+        await self._dp.load_model(request.model_name, parameters)
+        return pb.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(
+        self, request: pb.RepositoryModelUnloadRequest, context: Any
+    ) -> pb.RepositoryModelUnloadResponse:
+        parameters = from_repository_parameters(request.parameters)
+        await self._dp.unload_model(request.model_name, parameters)
+        return pb.RepositoryModelUnloadResponse()
 
     async def ModelInfer(
         self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
@@ -192,10 +223,6 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             )
             return pb.ModelStreamInferResponse(error_message=message, infer_response=echo)
 
-    ModelStatistics = _unsupported("the statistics extension")
-    RepositoryIndex = _unsupported("the model repository extension")
-    RepositoryModelLoad = _unsupported("the model repository extension")
-    RepositoryModelUnload = _unsupported("the model repository extension")
     SystemSharedMemoryStatus = _unsupported("the system shared memory extension")
     SystemSharedMemoryRegister = _unsupported("the system shared memory extension")
     SystemSharedMemoryUnregister = _unsupported("the system shared memory extension")

@@ -1,25 +1,43 @@
 """The KServe v2 HTTP/REST adapter: aiohttp handlers that parse, call the data plane, render.
 
 Endpoints and bodies: KServe v2 REST protocol ("HTTP/REST" section) and Triton's extensions
-(binary tensor data, model configuration). Every non-200 answer, the framework's own 404/405
-included, is JSON ``{"error": "..."}`` from one middleware.
+(binary tensor data, model configuration, model repository). Every non-200 answer, the
+framework's own 404/405 included, is JSON ``{"error": "..."}`` from one middleware. Request
+bodies may be gzip or deflate (:mod:`gateway.http_encoding`; serve the app with
+:data:`RUNNER_OPTIONS` so aiohttp leaves them to us) and infer responses honour
+``Accept-Encoding``. The REST surface is described by ``gateway/openapi.yaml`` (also
+``docs/openapi.yaml``), served as JSON at ``GET /v2/openapi.json``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import importlib.resources
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
+from typing import Any
 
-from aiohttp import web
+import yaml
+from aiohttp import hdrs, web
 
 from gateway.dataplane import DataPlane
 from gateway.http_codec import HEADER_LENGTH, parse_infer_request, render_infer_response
-from naiad.errors import InvalidInput, NaiadError
+from gateway.http_encoding import accepted_coding, compress, decode_body
+from naiad.errors import InvalidInput, as_naiad_error
 
 logger = logging.getLogger(__name__)
 
 DATAPLANE = web.AppKey("dataplane", DataPlane)
+MAX_BODY_BYTES = web.AppKey("max_body_bytes", int)
+OPENAPI_JSON = web.AppKey("openapi_json", bytes)
+
+#: ``web.AppRunner`` options the HTTP app needs: request bodies reach the handlers as sent,
+#: so :func:`read_body` decodes them with its own size bound and error answers.
+RUNNER_OPTIONS: dict[str, Any] = {"auto_decompress": False}
+#: Bodies at least this large are decoded or compressed in a thread, off the event loop.
+THREAD_BYTES = 1024 * 1024
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -33,13 +51,14 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     """Map :class:`NaiadError` and aiohttp's own HTTP errors to JSON ``{"error": ...}``."""
     try:
         return await handler(request)
-    except NaiadError as exc:
-        return error_response(exc.status, exc.message)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         return error_response(exc.status, exc.reason)
-    except Exception:
+    except Exception as exc:
+        known = as_naiad_error(exc)
+        if known is not None:
+            return error_response(known.status, known.message)
         logger.exception("unhandled error on %s %s", request.method, request.path)
         return error_response(HTTPStatus.INTERNAL_SERVER_ERROR, "internal server error")
 
@@ -53,8 +72,9 @@ def _model(request: web.Request) -> tuple[str, str]:
 
 
 def _status(ok: bool) -> web.Response:
-    # KServe v2: health endpoints answer 200 when true, and Triton 400 when false.
-    return web.Response(status=200 if ok else 400)
+    # KServe v2: health endpoints answer 200 when true, and Triton 400 when false (Triton with
+    # an empty body; here a JSON error, as every non-200 answer is).
+    return web.Response(status=200) if ok else error_response(HTTPStatus.BAD_REQUEST, "not ready")
 
 
 async def health_live(request: web.Request) -> web.Response:
@@ -81,23 +101,100 @@ async def model_config(request: web.Request) -> web.Response:
     return web.json_response(await _dp(request).model_config(*_model(request)))
 
 
+async def model_statistics(request: web.Request) -> web.Response:
+    """Triton's statistics extension; ``GET /v2/models/stats`` covers every model."""
+    name, version = request.match_info.get("model", ""), request.match_info.get("version", "")
+    return web.json_response(await _dp(request).model_statistics(name, version))
+
+
 def _header_length(request: web.Request) -> int | None:
     raw = request.headers.get(HEADER_LENGTH)
     if raw is None:
         return None
-    if not raw.isdigit():
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 18):
         raise InvalidInput(f"{HEADER_LENGTH} must be a non-negative integer")
     return int(raw)
+
+
+async def _off_loop(size: int, func: Callable[..., bytes], *args: Any) -> bytes:
+    return await asyncio.to_thread(func, *args) if size >= THREAD_BYTES else func(*args)
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The request body with its ``Content-Encoding`` (gzip, deflate) undone; 413 when the
+    sent or the decoded body is over the limit, 501 for another coding."""
+    body = await request.read()
+    coding = request.headers.get(hdrs.CONTENT_ENCODING)
+    if not coding:
+        return body
+    return await _off_loop(len(body), decode_body, body, coding, request.app[MAX_BODY_BYTES])
 
 
 async def infer(request: web.Request) -> web.Response:
     dp = _dp(request)
     entry, version = await dp.resolve(*_model(request))
-    body = await request.read()
+    body = await read_body(request)
     infer_request = parse_infer_request(body, _header_length(request), entry.name, version)
     response = await dp.infer(infer_request)
     payload, headers = render_infer_response(response, infer_request)
+    # Inference-Header-Content-Length keeps counting uncompressed bytes: tritonclient
+    # decompresses first, then splits (tritonclient/http/_infer_result.py).
+    coding = accepted_coding(request.headers.get(hdrs.ACCEPT_ENCODING))
+    if coding is not None:
+        payload = await _off_loop(len(payload), compress, payload, coding)
+        headers = {**headers, hdrs.CONTENT_ENCODING: coding, hdrs.VARY: hdrs.ACCEPT_ENCODING}
     return web.Response(body=payload, headers=headers)
+
+
+async def _json_object(request: web.Request) -> dict[str, Any]:
+    """The body as a JSON object; an empty body is ``{}``."""
+    body = await read_body(request)
+    if not body.strip():
+        return {}
+    try:
+        value = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidInput(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise InvalidInput("request body must be a JSON object")
+    return value
+
+
+def _parameters(body: dict[str, Any]) -> dict[str, Any]:
+    parameters = body.get("parameters", {})
+    if not isinstance(parameters, dict):
+        raise InvalidInput("'parameters' must be a JSON object")
+    return parameters
+
+
+async def repository_index(request: web.Request) -> web.Response:
+    """Triton's model repository extension: ``POST /v2/repository/index``."""
+    ready = (await _json_object(request)).get("ready", False)
+    if not isinstance(ready, bool):
+        raise InvalidInput("'ready' must be a boolean")
+    return web.json_response(await _dp(request).repository_index(ready))
+
+
+async def repository_load(request: web.Request) -> web.Response:
+    parameters = _parameters(await _json_object(request))
+    await _dp(request).load_model(request.match_info["model"], parameters)
+    return web.Response(status=200)
+
+
+async def repository_unload(request: web.Request) -> web.Response:
+    parameters = _parameters(await _json_object(request))
+    await _dp(request).unload_model(request.match_info["model"], parameters)
+    return web.Response(status=200)
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return web.Response(body=request.app[OPENAPI_JSON], content_type="application/json")
+
+
+def load_openapi() -> dict[str, Any]:
+    """The OpenAPI document of this app (``gateway/openapi.yaml``, shipped in the package)."""
+    text = importlib.resources.files("gateway").joinpath("openapi.yaml").read_text(encoding="utf-8")
+    return yaml.safe_load(text)
 
 
 def _routes() -> list[web.RouteDef]:
@@ -107,12 +204,19 @@ def _routes() -> list[web.RouteDef]:
         web.get("/v2/health/live", health_live),
         web.get("/v2/health/ready", health_ready),
         web.get("/v2", server_metadata),
+        web.get("/v2/openapi.json", openapi),
+        # Before "/v2/models/{model}", which would take "stats" for a model name.
+        web.get("/v2/models/stats", model_statistics),
+        web.post("/v2/repository/index", repository_index),
+        web.post("/v2/repository/models/{model}/load", repository_load),
+        web.post("/v2/repository/models/{model}/unload", repository_unload),
     ]
     for base in (model, versioned):
         routes += [
             web.get(base, model_metadata),
             web.get(base + "/ready", model_ready),
             web.get(base + "/config", model_config),
+            web.get(base + "/stats", model_statistics),
             web.post(base + "/infer", infer),
         ]
     return routes
@@ -122,5 +226,7 @@ def create_app(dataplane: DataPlane, max_body_bytes: int) -> web.Application:
     """The HTTP application; ``max_body_bytes`` caps request bodies (413 above it)."""
     app = web.Application(client_max_size=max_body_bytes, middlewares=[error_middleware])
     app[DATAPLANE] = dataplane
+    app[MAX_BODY_BYTES] = max_body_bytes
+    app[OPENAPI_JSON] = json.dumps(load_openapi()).encode()
     app.add_routes(_routes())
     return app

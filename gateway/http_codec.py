@@ -30,13 +30,22 @@ def _parse_header(body: bytes, header_length: int | None) -> tuple[dict[str, Any
     end = len(body) if header_length is None else header_length
     try:
         header = json.loads(body[:end])
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, a 5,000-digit number
         raise InvalidInput(f"failed to parse the request JSON: {exc}") from None
     except RecursionError:
         raise InvalidInput("the request JSON is nested too deeply") from None
     if not isinstance(header, dict):
         raise InvalidInput("the request body must be a JSON object")
     return header, memoryview(body)[end:]
+
+
+def _object(value: Any, what: str) -> dict[str, Any]:
+    """``value`` if it is a JSON object, ``{}`` if absent; InvalidInput otherwise."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidInput(f"{what} must be a JSON object")
+    return value
 
 
 def _shape(raw: Any, name: str) -> list[int]:
@@ -52,9 +61,33 @@ def _shape(raw: Any, name: str) -> list[int]:
 _ACCEPTS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
 
 
-def _numbers(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
+def _flatten(data: Any) -> list[Any]:
+    """Row-major leaves of nested JSON lists, without recursion."""
+    leaves, stack = [], [data]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(reversed(item))
+        else:
+            leaves.append(item)
+    return leaves
+
+
+def _big_integers(data: Any, dtype: np.dtype) -> np.ndarray:
+    """Exact integer parsing for values numpy could not hold in int64 (e.g. UINT64 max)."""
+    items = _flatten(data)
+    info = np.iinfo(dtype)
+    if not all(type(v) is int and info.min <= v <= info.max for v in items):
+        raise ValueError(f"values must be integers in {info.min}..{info.max}")
+    return np.array(items, dtype=dtype)
+
+
+def _numbers(data: Any, dtype: np.dtype) -> np.ndarray:
     """Cast parsed JSON numbers to ``dtype``, refusing what Triton refuses: ``null``, strings,
     floats for integer types, values out of range (no silent truncation or wrap-around)."""
+    values = np.asarray(data).reshape(-1)
+    if dtype.kind in "iu" and values.dtype.kind in "fO":
+        return _big_integers(data, dtype)  # numpy parsed ints past int64 as float/object
     if values.size and values.dtype.kind not in _ACCEPTS[dtype.kind]:
         raise ValueError(f"JSON values of kind '{values.dtype}' are not {dtype}")
     cast = values.astype(dtype)
@@ -74,7 +107,7 @@ def _json_data(name: str, datatype: str, data: Any, shape: list[int]) -> np.ndar
             array = np.empty(flat.size, dtype=np.object_)
             array[:] = [item.encode() for item in flat]
         else:
-            array = _numbers(np.asarray(data).reshape(-1), numpy_dtype(datatype))
+            array = _numbers(data, numpy_dtype(datatype))
     except (ValueError, TypeError, OverflowError) as exc:
         raise InvalidInput(f"input '{name}': data does not fit {datatype}: {exc}") from None
     count = element_count(shape)
@@ -91,7 +124,7 @@ def _input(spec: Any, binary: memoryview, offset: int) -> tuple[Tensor, int]:
         raise InvalidInput(f"input '{name}': missing 'datatype'")
     numpy_dtype(datatype)
     shape = _shape(spec.get("shape"), name)
-    size = (spec.get("parameters") or {}).get("binary_data_size")
+    size = _object(spec.get("parameters"), f"input '{name}' parameters").get("binary_data_size")
     if size is None:
         if "data" not in spec:
             raise InvalidInput(f"input '{name}': neither 'data' nor 'binary_data_size' given")
@@ -105,7 +138,7 @@ def _input(spec: Any, binary: memoryview, offset: int) -> tuple[Tensor, int]:
 def _requested_output(spec: Any) -> RequestedOutput:
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
         raise InvalidInput("each requested output must be an object with a 'name'")
-    params = spec.get("parameters") or {}
+    params = _object(spec.get("parameters"), f"output '{spec['name']}' parameters")
     binary = params.get("binary_data")
     class_count = params.get("classification", 0)
     if not isinstance(class_count, int) or class_count < 0:
@@ -131,10 +164,11 @@ def parse_infer_request(
         inputs.append(tensor)
     if offset != len(binary):
         raise InvalidInput(f"{len(binary) - offset} bytes of binary data belong to no input")
-    outputs = [_requested_output(spec) for spec in header.get("outputs") or []]
-    parameters = header.get("parameters") or {}
-    if not isinstance(parameters, dict):
-        raise InvalidInput("'parameters' must be an object")
+    output_specs = header.get("outputs") or []
+    if not isinstance(output_specs, list):
+        raise InvalidInput("'outputs' must be a list")
+    outputs = [_requested_output(spec) for spec in output_specs]
+    parameters = _object(header.get("parameters"), "'parameters'")
     request_id = header.get("id", "")
     if not isinstance(request_id, str):
         raise InvalidInput("'id' must be a string")

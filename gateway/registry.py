@@ -3,23 +3,46 @@
 Indexing reads the model repository (local folder or S3) and writes one entry per model into
 the :data:`naiad.keys.REGISTRY` hash, bumping a generation counter. Every gateway keeps a
 read-through copy that it reloads only when the generation changes, so the hot path does not
-touch Redis for configs and any gateway sees what another one indexed.
+touch Redis for configs and any gateway sees what another one indexed: the generation is
+checked on a miss and at most once every :data:`SYNC_INTERVAL_S` on a hit, so a model another
+gateway unloaded stops being served here within that time.
+
+Model control (Triton's ``--model-control-mode``): :meth:`ModelRegistry.start` indexes the
+whole repository (``none``, ``poll``) or only the models to load (``explicit``; the others
+get an ``UNAVAILABLE`` "unloaded" entry); :meth:`ModelRegistry.poll` re-indexes and writes
+only the entries that changed; :meth:`ModelRegistry.load` and :meth:`ModelRegistry.unload`
+change one entry.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 
 from naiad import keys
-from naiad.errors import ModelNotFound
-from repository_store import ModelEntry, RepositoryStore, index_repository
+from naiad.errors import ModelNotFound, RepositoryError
+from repository_store import (
+    UNAVAILABLE,
+    ModelConfig,
+    ModelEntry,
+    RepositoryStore,
+    index_model,
+    index_repository,
+)
 
 logger = logging.getLogger(__name__)
 
-GENERATION = f"{keys.REGISTRY}:generation"
+GENERATION = keys.REGISTRY_GENERATION
+#: Longest time a gateway serves from its copy without checking the generation.
+SYNC_INTERVAL_S = 1.0
+#: ``reason`` of a model that explicit mode has not loaded, or that was unloaded.
+UNLOADED = "unloaded"
+#: ``--load-model`` value that loads every model.
+ALL_MODELS = "*"
 
 
 class ModelRegistry:
@@ -30,6 +53,14 @@ class ModelRegistry:
         self.store = store
         self._entries: dict[str, ModelEntry] = {}
         self._generation: int | None = None
+        self._synced_at = float("-inf")
+
+    async def start(self, mode: str, load: list[str]) -> None:
+        """The start-up indexing of model control ``mode`` (``load``: explicit mode's models)."""
+        if mode == "explicit":
+            await self.index_explicit(load)
+        else:
+            await self.index()
 
     async def index(self) -> dict[str, ModelEntry]:
         """Re-read the whole repository into Redis. Raises RepositoryError if unreachable."""
@@ -47,16 +78,87 @@ class ModelRegistry:
         logger.info("indexed %d models from %s", len(entries), self.store.uri)
         return entries
 
+    async def index_explicit(self, load: list[str]) -> None:
+        """Explicit mode's start: index the ``load`` models (``*``: all); every other model
+        of the repository gets an UNAVAILABLE "unloaded" entry unless Redis already holds one
+        (a model another gateway loaded stays loaded)."""
+        names = await asyncio.to_thread(self.store.list_models)
+        wanted = set(names) if ALL_MODELS in load else set(load)
+        loaded = {name: await asyncio.to_thread(index_model, self.store, name) for name in sorted(wanted)}
+        async with self.redis.pipeline(transaction=True) as pipe:
+            for name in names:
+                if name not in wanted:
+                    pipe.hsetnx(keys.REGISTRY, name, ModelEntry(name, None, reason=UNLOADED).to_bytes())
+            if loaded:
+                pipe.hset(keys.REGISTRY, mapping={n: e.to_bytes() for n, e in loaded.items()})
+            pipe.incr(GENERATION)
+            await pipe.execute()
+        await self.sync()
+        logger.info("explicit model control: loaded %s", ", ".join(sorted(loaded)) or "no model")
+
+    async def poll(self) -> bool:
+        """Re-index the repository and write only what changed (new, changed and removed
+        models) with one generation bump; nothing at all when nothing changed. True if
+        something did. Raises RepositoryError if the repository is unreachable."""
+        fresh = await asyncio.to_thread(index_repository, self.store)
+        current = await self._read_all()
+        changed = {n: e for n, e in fresh.items() if current.get(n) != e}
+        removed = sorted(set(current) - set(fresh))
+        if not changed and not removed:
+            return False
+        async with self.redis.pipeline(transaction=True) as pipe:
+            if changed:
+                pipe.hset(keys.REGISTRY, mapping={n: e.to_bytes() for n, e in changed.items()})
+            if removed:
+                pipe.hdel(keys.REGISTRY, *removed)
+            pipe.incr(GENERATION)
+            await pipe.execute()
+        for name, entry in sorted(changed.items()):
+            verb = "changed" if name in current else "added"
+            logger.info("model '%s' %s: %s %s", name, verb, entry.state, entry.reason)
+        for name in removed:
+            logger.info("model '%s' removed from the repository", name)
+        await self.sync()
+        return True
+
+    async def load(self, name: str, config: ModelConfig | None = None) -> ModelEntry:
+        """Re-read model ``name`` from the repository (``config`` replacing its config.pbtxt)
+        and publish the result, READY or UNAVAILABLE with the reason. Raises ModelNotFound
+        if the repository has no such model."""
+        entry = await asyncio.to_thread(index_model, self.store, name, config)
+        await self._put(entry)
+        return entry
+
+    async def unload(self, name: str) -> ModelEntry:
+        """Mark ``name`` UNAVAILABLE ("unloaded"); its workers see it and drain."""
+        entry = await self.get(name)
+        unloaded = ModelEntry(name, None, list(entry.versions), UNAVAILABLE, UNLOADED)
+        await self._put(unloaded)
+        return unloaded
+
+    async def _put(self, entry: ModelEntry) -> None:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(keys.REGISTRY, entry.name, entry.to_bytes())
+            pipe.incr(GENERATION)
+            await pipe.execute()
+        await self.sync()
+
+    async def _read_all(self) -> dict[str, ModelEntry]:
+        raw = await self.redis.hgetall(keys.REGISTRY)
+        return {name.decode(): ModelEntry.from_bytes(value) for name, value in raw.items()}
+
     async def sync(self) -> None:
-        """Reload the local copy from Redis if another gateway re-indexed since."""
+        """Reload the local copy from Redis if the registry changed since (any gateway)."""
+        self._synced_at = time.monotonic()
         generation = int(await self.redis.get(GENERATION) or 0)
         if generation == self._generation:
             return
-        raw = await self.redis.hgetall(keys.REGISTRY)
-        self._entries = {name.decode(): ModelEntry.from_bytes(value) for name, value in raw.items()}
+        self._entries = await self._read_all()
         self._generation = generation
 
     async def get(self, name: str) -> ModelEntry:
+        if time.monotonic() - self._synced_at >= SYNC_INTERVAL_S:
+            await self.sync()
         entry = self._entries.get(name)
         if entry is None:
             await self.sync()
@@ -68,3 +170,14 @@ class ModelRegistry:
     def entries(self) -> list[ModelEntry]:
         """The local copy's entries, sorted by name."""
         return [self._entries[name] for name in sorted(self._entries)]
+
+
+async def poll_repository(registry: ModelRegistry, period_s: float) -> None:
+    """Poll mode: :meth:`ModelRegistry.poll` every ``period_s`` until cancelled; an
+    unreachable repository is logged and tried again next period."""
+    while True:
+        await asyncio.sleep(period_s)
+        try:
+            await registry.poll()
+        except (RepositoryError, RedisError) as exc:
+            logger.warning("repository poll failed: %s", exc)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any
 
 import redis.asyncio as aioredis
 from aiohttp import web
@@ -17,9 +18,9 @@ from aiohttp import web
 from gateway.dataplane import DataPlane
 from gateway.dispatcher import READER_BLOCK_S, QueueDispatcher
 from gateway.grpc_server import grpc_server
-from gateway.http import create_app
+from gateway.http import RUNNER_OPTIONS, create_app
 from gateway.metrics import create_metrics_app
-from gateway.registry import ModelRegistry
+from gateway.registry import ModelRegistry, poll_repository
 from naiad.redis_client import connect
 from naiad.settings import Settings
 from repository_store import open_store
@@ -28,8 +29,8 @@ logger = logging.getLogger(__name__)
 
 
 @contextlib.asynccontextmanager
-async def _site(app: web.Application, host: str, port: int) -> AsyncIterator[None]:
-    runner = web.AppRunner(app, access_log=None)
+async def _site(app: web.Application, host: str, port: int, **options: Any) -> AsyncIterator[None]:
+    runner = web.AppRunner(app, access_log=None, **options)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()
@@ -50,6 +51,18 @@ async def _dispatcher(redis: aioredis.Redis, redis_url: str) -> AsyncIterator[Qu
         await reader.aclose()
 
 
+@contextlib.asynccontextmanager
+async def _background(coroutine: Coroutine[Any, Any, None]) -> AsyncIterator[None]:
+    """Run ``coroutine`` as a task for the duration of the block, cancelled on the way out."""
+    task = asyncio.create_task(coroutine)
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 async def run_gateway(settings: Settings, redis_url: str, stop: asyncio.Event) -> None:
     """Serve until ``stop`` is set. Indexes the repository into Redis at start."""
     async with contextlib.AsyncExitStack() as stack:
@@ -57,11 +70,18 @@ async def run_gateway(settings: Settings, redis_url: str, stop: asyncio.Event) -
         stack.push_async_callback(redis.aclose)
         store = await asyncio.to_thread(open_store, settings.model_repository)
         registry = ModelRegistry(redis, store)
-        await registry.index()
+        await registry.start(settings.model_control_mode, settings.load_model)
+        if settings.model_control_mode == "poll":
+            polling = poll_repository(registry, settings.repository_poll_secs)
+            await stack.enter_async_context(_background(polling))
         dispatcher = await stack.enter_async_context(_dispatcher(redis, redis_url))
-        dataplane = DataPlane(redis, registry, dispatcher, settings.request_timeout_s)
+        dataplane = DataPlane(
+            redis, registry, dispatcher, settings.request_timeout_s, settings.model_control_mode
+        )
         app = create_app(dataplane, settings.http_max_body_bytes)
-        await stack.enter_async_context(_site(app, settings.http_host, settings.http_port))
+        await stack.enter_async_context(
+            _site(app, settings.http_host, settings.http_port, **RUNNER_OPTIONS)
+        )
         await stack.enter_async_context(grpc_server(dataplane, settings.http_host, settings.grpc_port))
         metrics = create_metrics_app(registry)
         await stack.enter_async_context(_site(metrics, settings.http_host, settings.metrics_port))

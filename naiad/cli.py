@@ -30,12 +30,21 @@ GATEWAY_FLAGS = {
     "--grpc-port": ("grpc_port", int, "KServe v2 gRPC port (default 8001)"),
     "--metrics-port": ("metrics_port", int, "Prometheus metrics port (default 8002)"),
     "--request-timeout": ("request_timeout_s", float, "default request timeout, seconds"),
+    "--model-control-mode": ("model_control_mode", "none|poll|explicit", "none (default), poll or explicit"),
+    "--repository-poll-secs": ("repository_poll_secs", float, "poll mode: seconds between re-indexings"),
+    "--load-model": ("load_model", list, "explicit mode: model to load at start, repeatable ('*': all)"),
 }
 
 
 def _add(parser: argparse.ArgumentParser, flags: dict) -> None:
     for flag, (dest, kind, text) in flags.items():
-        parser.add_argument(flag, dest=dest, type=kind, help=text, default=argparse.SUPPRESS)
+        if kind is list:  # repeatable
+            parser.add_argument(flag, dest=dest, action="append", help=text, default=argparse.SUPPRESS)
+        elif isinstance(kind, str):  # one of the '|'-separated choices
+            choices = kind.split("|")
+            parser.add_argument(flag, dest=dest, choices=choices, help=text, default=argparse.SUPPRESS)
+        else:
+            parser.add_argument(flag, dest=dest, type=kind, help=text, default=argparse.SUPPRESS)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -107,7 +116,11 @@ def cmd_serve(settings: Settings, with_gateway: bool = True, with_scaler: bool =
             runners.append(_scaler_runner(settings, redis_url))
         if with_gateway:
             runners.append(_gateway_runner(settings, redis_url))
-        asyncio.run(_until_signal(*runners))
+        try:
+            asyncio.run(_until_signal(*runners))
+        except OSError as exc:  # a port already taken, an address that cannot be bound
+            print(f"naiad: cannot serve: {exc}", file=sys.stderr)
+            return 1
     return 0
 
 

@@ -90,7 +90,10 @@ def encode_request(
         "out": [output.name for output in request.outputs],
         "p": request.parameters,
     }
-    return {HEADER: msgpack.packb(header), DATA: raw}
+    try:
+        return {HEADER: msgpack.packb(header), DATA: raw}
+    except (OverflowError, TypeError, ValueError) as exc:  # e.g. a parameter past 2**64
+        raise InvalidInput(f"request parameters cannot be encoded: {exc}") from None
 
 
 def decode_request(model: str, fields: dict[bytes, bytes], entry_id: bytes = b"") -> QueuedRequest:

@@ -59,6 +59,13 @@ class Unsupported(NaiadError):
     status = HTTPStatus.NOT_IMPLEMENTED
 
 
+class PayloadTooLarge(NaiadError):
+    """The request body, after undoing its ``Content-Encoding``, is over the server's limit
+    (413; RESOURCE_EXHAUSTED over gRPC)."""
+
+    status = HTTPStatus.REQUEST_ENTITY_TOO_LARGE
+
+
 class InferenceFailed(NaiadError):
     """The backend raised while running the model (500); the message is the backend's."""
 
@@ -75,6 +82,13 @@ class ConfigError(InvalidInput):
     """A ``config.pbtxt`` that does not parse or is inconsistent (400)."""
 
 
+class ModelControlDisabled(NaiadError):
+    """A load or unload request while the model control mode is not ``explicit`` (400;
+    UNAVAILABLE over gRPC, as Triton answers)."""
+
+    status = HTTPStatus.BAD_REQUEST
+
+
 #: gRPC status code NAME per error class (``grpc.StatusCode[name]`` in the adapter; no grpc
 #: import here). A class missing here takes its nearest listed base; ``NaiadError`` is INTERNAL.
 #: Triton answers UNAVAILABLE for a model that is not ready.
@@ -87,8 +101,10 @@ GRPC_CODES: dict[type[NaiadError], str] = {
     Unavailable: "UNAVAILABLE",
     DeadlineExceeded: "DEADLINE_EXCEEDED",
     Unsupported: "UNIMPLEMENTED",
+    PayloadTooLarge: "RESOURCE_EXHAUSTED",
     InferenceFailed: "INTERNAL",
     RepositoryError: "UNAVAILABLE",
+    ModelControlDisabled: "UNAVAILABLE",
 }
 
 
@@ -102,6 +118,7 @@ ERRORS_BY_NAME: dict[str, type[NaiadError]] = {
         Unavailable,
         DeadlineExceeded,
         Unsupported,
+        PayloadTooLarge,
         InferenceFailed,
         RepositoryError,
         ConfigError,
@@ -112,3 +129,16 @@ ERRORS_BY_NAME: dict[str, type[NaiadError]] = {
 def error_from_name(name: str, message: str) -> NaiadError:
     """Rebuild an error sent over the queue by class name; unknown names become 500s."""
     return ERRORS_BY_NAME.get(name, NaiadError)(message)
+
+
+def as_naiad_error(exc: BaseException) -> NaiadError | None:
+    """The client-facing error for ``exc``: itself if a :class:`NaiadError`, 503
+    :class:`Unavailable` for a Redis failure (the queue and registry are down), else None
+    (an unexpected error: the transports answer a generic 500 and log the traceback)."""
+    if isinstance(exc, NaiadError):
+        return exc
+    from redis.exceptions import RedisError  # noqa: PLC0415 - keeps this module light
+
+    if isinstance(exc, RedisError):
+        return Unavailable(f"Redis is unavailable: {exc}")
+    return None

@@ -16,6 +16,10 @@ WORKER_GROUP = "workers"
 #: Hash: model name -> msgpack-encoded registry entry (config, versions, state).
 REGISTRY = f"{PREFIX}:registry"
 
+#: Counter bumped on every change to :data:`REGISTRY`; a reader whose copy was taken at the
+#: same value needs no reload (gateways check it at most once a second, workers per heartbeat).
+REGISTRY_GENERATION = f"{REGISTRY}:generation"
+
 #: List the gateways push model names onto when a request finds no worker; the scaler
 #: blocks on it (BLPOP), so a cold start begins within one round trip.
 SCALER_WAKE = f"{PREFIX}:scaler:wake"
@@ -38,3 +42,9 @@ def workers(model: str) -> str:
 def reply_list(gateway_id: str) -> str:
     """List a gateway BLPOPs for its replies; workers RPUSH there (per-gateway path)."""
     return f"{PREFIX}:reply:{gateway_id}"
+
+
+def stats(model: str) -> str:
+    """Hash of ``model``'s statistics counters (Triton's statistics extension), shared by
+    every gateway and worker: fields ``<version>:<counter>`` (see :mod:`naiad.stats`)."""
+    return f"{PREFIX}:{{{model}}}:stats"

@@ -25,7 +25,10 @@ def _die_with_parent() -> None:
 
 
 def spawn(args: Sequence[str], **kwargs) -> subprocess.Popen:
-    """Start ``args`` as a child that receives SIGTERM when this process dies."""
+    """Start ``args`` as a child that receives SIGTERM when this process dies.
+
+    ``start_new_session=True`` (a ``subprocess.Popen`` argument) keeps a terminal's Ctrl-C
+    from reaching the child, for children this process stops itself, in order."""
     preexec = _die_with_parent if sys.platform.startswith("linux") else None
     return subprocess.Popen(list(args), preexec_fn=preexec, **kwargs)  # noqa: PLW1509
 

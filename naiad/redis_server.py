@@ -60,7 +60,11 @@ class EmbeddedRedis:
             "--appendonly", "no",
             "--loglevel", "warning",
         ]  # fmt: skip
-        self._process = procs.spawn(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # Its own session: Ctrl-C in a terminal must not stop Redis before the workers that
+        # still drain through it; :meth:`stop` ends it last.
+        self._process = procs.spawn(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+        )
         self._wait_ready()
         logger.info("embedded redis-server at %s", self.url)
         return self

@@ -7,6 +7,7 @@ Flag names mirror ``tritonserver`` where it has one (``--model-repository``,
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -34,6 +35,17 @@ class Settings(BaseSettings):
 
     metrics_port: int = 8002
     """Prometheus metrics port."""
+
+    model_control_mode: Literal["none", "poll", "explicit"] = "none"
+    """Triton's model control mode: ``none`` serves every model of the repository as indexed
+    at start; ``poll`` also re-indexes every ``repository_poll_secs``; ``explicit`` serves only
+    the ``load_model`` models at start, the rest through the repository API's load/unload."""
+
+    repository_poll_secs: float = 15.0
+    """Seconds between re-indexings of the repository in ``poll`` mode."""
+
+    load_model: list[str] = Field(default_factory=list)
+    """Models loaded at start in ``explicit`` mode (``*``: all of them)."""
 
     idle_timeout_s: float = 60.0
     """Seconds without requests after which a worker exits (scale to zero)."""

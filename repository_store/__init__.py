@@ -8,6 +8,7 @@ from repository_store.config import (
     config_to_json,
     default_model_filename,
     parse_config,
+    parse_config_json,
     select_versions,
     validate_config,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "index_repository",
     "open_store",
     "parse_config",
+    "parse_config_json",
     "parse_repository_uri",
     "select_versions",
     "validate_config",

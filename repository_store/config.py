@@ -58,10 +58,29 @@ def parse_config(text: bytes | str, model_name: str) -> ModelConfig:
         text_format.Parse(text, config)
     except text_format.ParseError as exc:
         raise ConfigError(f"config.pbtxt of '{model_name}' does not parse: {exc}") from None
+    return _named(config, model_name, "config.pbtxt")
+
+
+def parse_config_json(text: str, model_name: str) -> ModelConfig:
+    """Parse a model config given as JSON (Triton's load request ``config`` parameter, the
+    shape ``GET v2/models/<name>/config`` returns) into a ``ModelConfig``.
+
+    :raises ConfigError: text that does not parse as a ``ModelConfig``, or a ``name`` that
+        differs from ``model_name``. An empty ``name`` is filled in.
+    """
+    config = ModelConfig()
+    try:
+        json_format.Parse(text, config)
+    except (json_format.ParseError, TypeError) as exc:
+        raise ConfigError(f"config of '{model_name}' does not parse: {exc}") from None
+    return _named(config, model_name, "config")
+
+
+def _named(config: ModelConfig, model_name: str, source: str) -> ModelConfig:
     if not config.name:
         config.name = model_name
     elif config.name != model_name:
-        raise ConfigError(f"config.pbtxt name '{config.name}' does not match the model folder '{model_name}'")
+        raise ConfigError(f"{source} name '{config.name}' does not match the model folder '{model_name}'")
     return config
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import msgpack
 
 from naiad.errors import ConfigError, ModelNotFound
+from repository_store.autocomplete import autocomplete, needs_autocomplete
 from repository_store.config import (
     ModelConfig,
     backend_of,
@@ -75,8 +76,9 @@ class ModelEntry:
             raise ValueError(f"malformed model entry: {exc}") from None
 
 
-def index_model(store: RepositoryStore, name: str) -> ModelEntry:
-    """Index one model.
+def index_model(store: RepositoryStore, name: str, config: ModelConfig | None = None) -> ModelEntry:
+    """Index one model; ``config`` (already parsed) replaces its ``config.pbtxt`` when given
+    (Triton's load request with a ``config`` parameter).
 
     :raises ModelNotFound: invalid name, or no folder ``name`` in the repository.
     :raises RepositoryError: the store itself cannot be read. A broken model is never an
@@ -85,7 +87,7 @@ def index_model(store: RepositoryStore, name: str) -> ModelEntry:
     validate_model_name(name)
     if not store.model_exists(name):
         raise ModelNotFound(f"model '{name}' is not in the repository {store.uri}")
-    return _index(store, name)
+    return _index(store, name, config)
 
 
 def index_repository(store: RepositoryStore) -> dict[str, ModelEntry]:
@@ -96,16 +98,13 @@ def index_repository(store: RepositoryStore) -> dict[str, ModelEntry]:
     return {name: _index(store, name) for name in store.list_models()}
 
 
-def _index(store: RepositoryStore, name: str) -> ModelEntry:
-    text = store.read_config(name)
-    if text is None:
-        return ModelEntry(name, None, reason="missing config.pbtxt")
+def _index(store: RepositoryStore, name: str, override: ModelConfig | None = None) -> ModelEntry:
+    available = store.list_versions(name)
     try:
-        config = parse_config(text, name)
-        validate_config(config)
+        config = _config(store, name, available, override)
     except ConfigError as exc:
         return ModelEntry(name, None, reason=exc.message)
-    selected = select_versions(config, store.list_versions(name))
+    selected = select_versions(config, available)
     entry = ModelEntry(name, config, selected)
     if not selected:
         entry.reason = "no version available under the version policy"
@@ -130,6 +129,27 @@ def _labels(store: RepositoryStore, config: ModelConfig) -> tuple[dict[str, list
             return {}, f"label file '{output.label_filename}' of output '{output.name}' is missing"
         labels[output.name] = text.decode(errors="replace").splitlines()
     return labels, ""
+
+
+def _config(
+    store: RepositoryStore, name: str, available: list[int], override: ModelConfig | None = None
+) -> ModelConfig:
+    """The model's validated config (``override`` instead of ``config.pbtxt`` when given),
+    auto-completed from its ONNX file where it is missing or partial (Triton's default
+    auto-complete). Raises :class:`ConfigError`."""
+    if override is not None:
+        text, config = b"", override
+    else:
+        text = store.read_config(name)
+        config = parse_config(text, name) if text is not None else ModelConfig(name=name)
+    if needs_autocomplete(config):
+        try:
+            config = autocomplete(store, config, select_versions(config, available) or available)
+        except ConfigError as exc:
+            missing = "missing config.pbtxt, and " if text is None else ""
+            raise ConfigError(f"{missing}the config cannot be auto-completed: {exc.message}") from None
+    validate_config(config)
+    return config
 
 
 def _missing_files(store: RepositoryStore, config: ModelConfig, versions: list[int]) -> str:

@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,6 +54,7 @@ class NaiadServer:
     http_port: int
     metrics_port: int
     cache_dir: Path
+    grpc_port: int
     log_path: Path
     known_children: dict[int, psutil.Process] = field(default_factory=dict)
 
@@ -61,6 +62,11 @@ class NaiadServer:
     def url(self) -> str:
         """``host:port`` as tritonclient wants it."""
         return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        """``host:port`` of the gRPC endpoint, as tritonclient.grpc wants it."""
+        return f"127.0.0.1:{self.grpc_port}"
 
     @property
     def http(self) -> str:
@@ -134,29 +140,34 @@ def start_server(
     redis_url: str | None = None,
     request_timeout_s: float | None = None,
     extra_env: dict[str, str] | None = None,
+    command: str = "serve",
+    extra_args: Sequence[str] = (),
 ) -> NaiadServer:
-    """Start ``naiad serve`` with its cache and log under ``workdir``; wait until ready."""
+    """Start ``naiad serve`` (or ``command``: ``gateway`` needs ``redis_url``) with its cache
+    and log under ``workdir``; wait until ready."""
     workdir.mkdir(parents=True, exist_ok=True)
     cache_dir, log_path = workdir / "cache", workdir / "serve.log"
-    http_port, metrics_port = free_port(), free_port()
+    http_port, metrics_port, grpc_port = free_port(), free_port(), free_port()
     args = [
-        sys.executable, "-m", "naiad.cli", "serve",
+        sys.executable, "-m", "naiad.cli", command,
         "--model-repository", str(repository),
         "--http-port", str(http_port),
         "--metrics-port", str(metrics_port),
+        "--grpc-port", str(grpc_port),
         "--idle-timeout", str(idle_timeout_s),
         "--cache-dir", str(cache_dir),
     ]  # fmt: skip
-    if _serve_has_flag("--grpc-port"):  # gRPC is arriving; never let it take a fixed port
-        args += ["--grpc-port", str(free_port())]
     if redis_url:
         args += ["--redis-url", redis_url]
     if request_timeout_s is not None:
         args += ["--request-timeout", str(request_timeout_s)]
+    args += list(extra_args)  # e.g. --model-control-mode explicit --load-model digits
     env = {**os.environ, **(extra_env or {}), "PYTHONUNBUFFERED": "1"}
     with log_path.open("wb") as log:
         process = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    server = NaiadServer(process, http_port, metrics_port, cache_dir, log_path)
+    server = NaiadServer(
+        process, http_port, metrics_port, cache_dir, grpc_port=grpc_port, log_path=log_path
+    )
     try:
         wait_for(lambda: _ready(server), READY_TIMEOUT_S, "/v2/health/ready == 200")
     except BaseException:
@@ -164,13 +175,6 @@ def start_server(
         raise
     server.children()
     return server
-
-
-def _serve_has_flag(flag: str) -> bool:
-    from naiad.cli import build_parser
-
-    serve = build_parser()._subparsers._group_actions[0].choices["serve"]  # noqa: SLF001
-    return flag in serve._option_string_actions  # noqa: SLF001
 
 
 def _ready(server: NaiadServer) -> bool:

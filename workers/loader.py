@@ -41,13 +41,17 @@ class VersionLoader:
         self._runners: dict[int, ModelRunner] = {}
         self._lock = asyncio.Lock()
 
-    async def start(self) -> ModelEntry:
-        """Read the model's config and load its newest version.
+    async def start(self, entry: ModelEntry | None = None) -> ModelEntry:
+        """Load the newest version of ``entry`` (the model's registry entry: the config and
+        versions the gateways serve, a load request's config override included), or, without
+        one, of what the repository holds now.
 
-        Raises :class:`ModelNotReady` when the repository says the model is broken.
+        Raises :class:`ModelNotReady` when the entry or the repository says it is not ready.
         """
         self.store = await asyncio.to_thread(open_store, self.settings.model_repository)
-        self.entry = await asyncio.to_thread(index_model, self.store, self.model)
+        if entry is None:
+            entry = await asyncio.to_thread(index_model, self.store, self.model)
+        self.entry = entry
         if self.entry.state != "READY" or self.entry.config is None:
             raise ModelNotReady(f"model '{self.model}' is not ready: {self.entry.reason}")
         await self.get(max(self.entry.versions))

@@ -36,15 +36,28 @@ class ModelRunner:
 
         Returns arrays by output name in the config's output order. Raises what the
         backend raises, or ValueError when an array cannot take its configured shape.
+        The worker calls the three steps apart to time them (Triton's compute phases).
         """
-        feed = {
+        names = self.names(outputs)
+        return self.restore(self.backend.infer(self.feed(inputs, batch), names), names, batch)
+
+    def feed(self, inputs: dict[str, np.ndarray], batch: int) -> dict[str, np.ndarray]:
+        """Client-shaped merged inputs as the model takes them (``reshape`` applied)."""
+        return {
             name: array.reshape(_with_batch(self.config, batch, self.input_reshape[name]))
             if name in self.input_reshape
             else array
             for name, array in inputs.items()
         }
-        names = [name for name in self.output_names if not outputs or name in outputs]
-        results = self.backend.infer(feed, names)
+
+    def names(self, outputs: Sequence[str]) -> list[str]:
+        """Outputs to compute, in the config's order (``outputs`` empty: all of them)."""
+        return [name for name in self.output_names if not outputs or name in outputs]
+
+    def restore(
+        self, results: dict[str, np.ndarray], names: Sequence[str], batch: int
+    ) -> dict[str, np.ndarray]:
+        """The backend's ``results`` in client shapes, by name in ``names`` order."""
         for name, dims in self.output_reshape.items():
             if name in results and sum(d == -1 for d in dims) <= 1:
                 results[name] = results[name].reshape(_with_batch(self.config, batch, dims))

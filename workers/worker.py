@@ -17,18 +17,22 @@ import signal
 import time
 import uuid
 
+import numpy as np
 from redis.exceptions import ResponseError
 
-from naiad import keys
+from naiad import keys, stats
 from naiad.codec import QueuedRequest, Reply, decode_request, encode_reply
 from naiad.datatypes import datatype_of
 from naiad.errors import DeadlineExceeded, InferenceFailed, NaiadError
 from naiad.inference import Tensor
 from naiad.redis_client import connect
 from naiad.settings import Settings
+from repository_store import ModelEntry
 from workers import batching
 from workers.batcher import BatchPolicy
 from workers.loader import VersionLoader
+from workers.model import ModelRunner
+from workers.reclaim import reclaim_orphans
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +49,8 @@ class Worker:
         self.loader = VersionLoader(settings, model)
         self.policy: BatchPolicy | None = None
         self.stopping = asyncio.Event()
+        self._next_reclaim = 0.0
+        self._generation: bytes | None = None
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -64,7 +70,7 @@ class Worker:
 
     async def _load_and_serve(self) -> int:
         try:
-            entry = await self.loader.start()
+            entry = await self.loader.start(await self._registered())
         except NaiadError as exc:
             logger.error("model '%s' cannot be served: %s", self.model, exc.message)
             await self._fail_backlog(exc)
@@ -89,6 +95,31 @@ class Worker:
             await asyncio.sleep(self.settings.heartbeat_s)
             with contextlib.suppress(Exception):
                 await self._heartbeat()
+                if await self._outdated():
+                    self.stopping.set()  # drain: finish what is claimed, then exit
+
+    async def _registered(self) -> ModelEntry | None:
+        """The model's registry entry (None if it has none), noting the generation first."""
+        self._generation = await self.redis.get(keys.REGISTRY_GENERATION)
+        raw = await self.redis.hget(keys.REGISTRY, self.model)
+        return ModelEntry.from_bytes(raw) if raw else None
+
+    async def _outdated(self) -> bool:
+        """True when the registry changed (one GET per heartbeat when it did not) and no
+        longer serves what this worker loaded: the model was unloaded or removed, or its
+        config or versions changed (the next request then cold-starts a fresh worker)."""
+        loaded = self.loader.entry
+        if loaded is None or await self.redis.get(keys.REGISTRY_GENERATION) == self._generation:
+            return False
+        current = await self._registered()
+        if current is None or not current.ready:
+            why = current.reason if current is not None else "removed"
+            logger.info("model '%s' is unavailable (%s): draining, then exiting", self.model, why)
+        elif (current.config, current.versions) != (loaded.config, loaded.versions):
+            logger.info("model '%s' changed in the registry: draining, then exiting", self.model)
+        else:
+            return False
+        return True
 
     async def _deregister(self) -> None:
         with contextlib.suppress(Exception):
@@ -122,12 +153,25 @@ class Worker:
             if remaining <= 0 and await self._leave_if_idle():
                 return
             block_ms = max(1, int(min(max(remaining, 0.001), 1.0) * 1000))
-            first = await self._read(self.policy.read_count, block_ms)
+            first = await self._reclaim() or await self._read(self.policy.read_count, block_ms)
             if not first:
                 continue
             batch = await self._gather(first)
             await self._process(batch)
             idle_since = time.monotonic()
+
+    async def _reclaim(self) -> list[QueuedRequest]:
+        """Every heartbeat period, take over what dead workers of this model left claimed."""
+        now = time.monotonic()
+        if now < self._next_reclaim:
+            return []
+        self._next_reclaim = now + self.settings.heartbeat_s
+        min_idle_ms = int(self.settings.heartbeat_s * 1000)
+        entries = await reclaim_orphans(self.redis, self.model, self.worker_id, min_idle_ms)
+        if entries:
+            logger.warning("reclaimed %d requests left by dead workers", len(entries))
+        decoded = [await self._decode(entry_id, fields) for entry_id, fields in entries]
+        return [request for request in decoded if request is not None]
 
     async def _leave_if_idle(self) -> bool:
         """Deregister, then look once more: a request that raced the decision keeps us."""
@@ -163,45 +207,65 @@ class Worker:
     async def _process(self, requests: list[QueuedRequest]) -> None:
         now = time.time()
         live = [r for r in requests if r.deadline > now]
-        expired = [r for r in requests if r.deadline <= now]
-        replies = [Reply(r.queue_id, error=DeadlineExceeded("request expired in the queue")) for r in expired]
+        expired = DeadlineExceeded("request expired in the queue")
+        pairs = [(r, encode_reply(Reply(r.queue_id, error=expired))) for r in requests if r.deadline <= now]
+        runs: list[stats.Execution] = []
         assert self.policy is not None
-        plan = batching.plan_batches([r.request for r in live], self.policy.plan_rows)
-        for indices in plan:
+        for indices in batching.plan_batches([r.request for r in live], self.policy.plan_rows):
             group = [live[i] for i in indices]
-            replies += await self._execute(group)
-        await self._reply(list(zip([*expired, *self._ordered(live, plan)], replies, strict=True)))
+            payloads, run = await self._execute(group)
+            pairs += zip(group, payloads, strict=True)
+            runs += [run] if run is not None else []
+        await self._reply(pairs, runs)
 
-    @staticmethod
-    def _ordered(live: list[QueuedRequest], plan: list[list[int]]) -> list[QueuedRequest]:
-        return [live[i] for indices in plan for i in indices]
-
-    async def _execute(self, group: list[QueuedRequest]) -> list[Reply]:
-        requests = [queued.request for queued in group]
-        started = time.perf_counter_ns()
+    async def _execute(self, group: list[QueuedRequest]) -> tuple[list[bytes], stats.Execution | None]:
+        """Run one batch: encoded replies in ``group`` order, and its statistics if it ran."""
         try:
-            runner = await self.loader.get(requests[0].version)
-            sizes = [batching.rows(r) if runner.config.max_batch_size > 0 else 1 for r in requests]
-            inputs = batching.merge(requests)
-            names = [o.name for o in requests[0].outputs]
-            outputs = await asyncio.to_thread(runner.run, inputs, names, sum(sizes))
-            parts = batching.split(outputs, sizes) if runner.config.max_batch_size > 0 else [outputs]
+            runner = await self.loader.get(group[0].request.version)
+            return await self._run(runner, group)
         except NaiadError as exc:
-            return [Reply(q.queue_id, error=exc) for q in group]
+            error = exc
         except Exception as exc:  # the backend's own errors reach the client with their text
             logger.exception("inference failed on model '%s'", self.model)
-            return [Reply(q.queue_id, error=InferenceFailed(f"inference failed: {exc}")) for q in group]
-        elapsed = time.perf_counter_ns() - started
-        return [
-            Reply(q.queue_id, [Tensor(n, datatype_of(a.dtype), list(a.shape), a) for n, a in part.items()],
-                  timings_ns={"compute_infer": elapsed})
+            error = InferenceFailed(f"inference failed: {exc}")
+        return [encode_reply(Reply(q.queue_id, error=error)) for q in group], None
+
+    async def _run(
+        self, runner: ModelRunner, group: list[QueuedRequest]
+    ) -> tuple[list[bytes], stats.Execution]:
+        """Triton's phases, timed: compute_input (merge, reshape), compute_infer (the
+        backend, in a thread), compute_output (reshape back, split, encode the replies)."""
+        requests = [queued.request for queued in group]
+        started_s, t0 = time.time(), time.perf_counter_ns()
+        batched = runner.config.max_batch_size > 0
+        sizes = [batching.rows(r) if batched else 1 for r in requests]
+        feed = runner.feed(batching.merge(requests), sum(sizes))
+        names = runner.names([o.name for o in requests[0].outputs])
+        t1 = time.perf_counter_ns()
+        results = await asyncio.to_thread(runner.backend.infer, feed, names)
+        t2 = time.perf_counter_ns()
+        outputs = runner.restore(results, names, sum(sizes))
+        parts = batching.split(outputs, sizes) if batched else [outputs]
+        phases = {"compute_input": t1 - t0, "compute_infer": t2 - t1}
+        payloads = [
+            encode_reply(Reply(q.queue_id, _tensors(part), timings_ns=dict(phases)))
             for q, part in zip(group, parts, strict=True)
         ]
+        phases["compute_output"] = time.perf_counter_ns() - t2
+        queue_ns = [max(0, int((started_s - q.enqueued_at) * 1e9)) for q in group]
+        finished_ms = int(time.time() * 1000)
+        return payloads, stats.Execution(requests[0].version, sum(sizes), queue_ns, phases, finished_ms)
 
-    async def _reply(self, pairs: list[tuple[QueuedRequest, Reply]]) -> None:
+    async def _reply(
+        self, pairs: list[tuple[QueuedRequest, bytes]], runs: list[stats.Execution] | None = None
+    ) -> None:
+        """One pipeline: statistics first (so a gateway that has its reply sees them), then
+        each encoded reply onto its gateway's list, then XACK and XDEL of the entries."""
         async with self.redis.pipeline(transaction=False) as pipe:
-            for queued, reply in pairs:
-                pipe.rpush(queued.reply_to, encode_reply(reply))
+            for run in runs or []:
+                stats.add_execution(pipe, self.model, run)
+            for queued, payload in pairs:
+                pipe.rpush(queued.reply_to, payload)
                 pipe.expire(queued.reply_to, keys.REPLY_TTL_S)
             ids = [queued.entry_id for queued, _ in pairs]
             if ids:
@@ -212,4 +276,8 @@ class Worker:
     async def _fail_backlog(self, error: NaiadError) -> None:
         """A model that cannot load answers what waits for it with the reason, then exits."""
         while requests := await self._read(100, None):
-            await self._reply([(r, Reply(r.queue_id, error=error)) for r in requests])
+            await self._reply([(r, encode_reply(Reply(r.queue_id, error=error))) for r in requests])
+
+
+def _tensors(arrays: dict[str, np.ndarray]) -> list[Tensor]:
+    return [Tensor(name, datatype_of(a.dtype), list(a.shape), a) for name, a in arrays.items()]

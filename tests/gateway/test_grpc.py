@@ -23,8 +23,7 @@ MAX_BATCH = 64
 def grpc_url(example_repository, tmp_path_factory):
     """``127.0.0.1:PORT`` of the gRPC endpoint of a ``naiad serve`` for this module."""
     with run_server(example_repository, tmp_path_factory.mktemp("grpc")) as server:
-        args = list(server.process.args)  # the harness picks a free --grpc-port
-        yield f"127.0.0.1:{args[args.index('--grpc-port') + 1]}"
+        yield server.grpc_url
 
 
 @pytest.fixture(scope="module")
@@ -248,9 +247,9 @@ def test_message_over_grpc_default_limit_is_read(stub):
 
 
 def test_not_yet_implemented_extensions_are_unimplemented(client):
-    assert status_of(lambda: client.get_inference_statistics("digits")) == "StatusCode.UNIMPLEMENTED"
-    assert status_of(lambda: client.get_model_repository_index()) == "StatusCode.UNIMPLEMENTED"
-    assert status_of(lambda: client.load_model("digits")) == "StatusCode.UNIMPLEMENTED"
+    assert status_of(lambda: client.get_trace_settings()) == "StatusCode.UNIMPLEMENTED"
+    # The model repository extension is there; load/unload need --model-control-mode=explicit.
+    assert status_of(lambda: client.load_model("digits")) == "StatusCode.UNAVAILABLE"
 
 
 def test_classification_returns_top_classes_with_labels(client, digits_onnx):

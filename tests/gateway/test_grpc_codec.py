@@ -152,6 +152,7 @@ def test_response_round_trip_is_raw():
         ({}, None, {}),
         ({"timeout": 10**6}, None, {"timeout": 10**6}),
         ({}, 0.5, {"timeout": 500_000}),  # bounds the server default (60 s)
+        ({"timeout": 0}, 0.5, {"timeout": 500_000}),  # 0: no timeout of its own, the default
         ({}, 100.0, {"timeout": 60_000_000}),
         ({"timeout": 10**6}, 0.25, {"timeout": 250_000}),
         ({"timeout": 1000}, 0.25, {"timeout": 1000}),

@@ -1,0 +1,115 @@
+"""Per-model statistics (Triton's statistics extension), kept as counters in Redis.
+
+Every gateway and worker adds to one hash per model, :func:`naiad.keys.stats`, so any gateway
+reports the same numbers. Fields are ``<version>:<counter>`` with integer values, added with
+HINCRBY inside a pipeline the caller already sends (recording costs no extra round trip):
+
+- ``<v>:inference_count``, ``<v>:execution_count``: rows inferred, batches executed;
+- ``<v>:<kind>_count`` and ``<v>:<kind>_ns`` for each kind of :data:`DURATIONS`;
+- ``<v>:batch:<rows>:<phase>_count`` and ``..._ns`` for each phase of :data:`PHASES`;
+- ``<v>:last_inference_ms``: Unix milliseconds of the last inference (HSET, not added).
+
+Who records what follows Triton (docs/protocol/extension_statistics.md): a worker records
+each batch it executed successfully (:func:`add_execution`: queue time per request, the
+three compute phases once per request in ``inference_stats`` and once per batch in
+``batch_stats``); the gateway records each request that reached the model's queue as a
+success or a failure with its whole duration (:func:`add_request`). ``cache_hit`` and
+``cache_miss`` stay 0 until the response cache records them. Nothing here does I/O except
+:func:`read`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
+
+from naiad import keys
+
+#: Phases a worker times per executed batch (``inference_stats`` and ``batch_stats``).
+PHASES = ("compute_input", "compute_infer", "compute_output")
+#: Every duration of Triton's ``inference_stats``, in its order.
+DURATIONS = ("success", "fail", "queue", *PHASES, "cache_hit", "cache_miss")
+
+
+@dataclass(frozen=True)
+class Execution:
+    """One batch a worker ran: ``rows`` in the batch, each request's queue time, each
+    phase's duration (keys of :data:`PHASES`), and when it finished (Unix ms)."""
+
+    version: int
+    rows: int
+    queue_ns: Sequence[int]
+    phases_ns: dict[str, int]
+    finished_ms: int
+
+
+def _incr(pipe: Pipeline, key: str, prefix: str, kind: str, count: int, ns: int) -> None:
+    pipe.hincrby(key, f"{prefix}{kind}_count", count)
+    pipe.hincrby(key, f"{prefix}{kind}_ns", ns)
+
+
+def add_execution(pipe: Pipeline, model: str, run: Execution) -> None:
+    """Queue the counters of one executed batch on ``pipe`` (the caller executes it)."""
+    key, v = keys.stats(model), f"{run.version}:"
+    requests = len(run.queue_ns)
+    pipe.hincrby(key, f"{v}execution_count", 1)
+    pipe.hincrby(key, f"{v}inference_count", run.rows)
+    _incr(pipe, key, v, "queue", requests, sum(run.queue_ns))
+    for phase in PHASES:
+        ns = run.phases_ns.get(phase, 0)
+        _incr(pipe, key, v, phase, requests, ns * requests)
+        _incr(pipe, key, f"{v}batch:{run.rows}:", phase, 1, ns)
+    pipe.hset(key, f"{v}last_inference_ms", run.finished_ms)
+
+
+def add_request(pipe: Pipeline, model: str, version: int, ok: bool, duration_ns: int, now_ms: int) -> None:
+    """Queue one request's outcome (``success`` or ``fail``) and its duration on ``pipe``."""
+    key, v = keys.stats(model), f"{version}:"
+    _incr(pipe, key, v, "success" if ok else "fail", 1, duration_ns)
+    if not ok:  # a success's worker already stamped it; a failure may never reach one
+        pipe.hset(key, f"{v}last_inference_ms", now_ms)
+
+
+def _duration(counters: dict[str, int], prefix: str, kind: str) -> dict[str, int]:
+    return {"count": counters.get(f"{prefix}{kind}_count", 0), "ns": counters.get(f"{prefix}{kind}_ns", 0)}
+
+
+def _batch_sizes(counters: dict[str, int], version: int) -> list[int]:
+    prefix = f"{version}:batch:"
+    return sorted({int(f.split(":")[2]) for f in counters if f.startswith(prefix)})
+
+
+def model_stat(name: str, version: int, counters: dict[str, int]) -> dict[str, Any]:
+    """One ``$model_stat`` object (Triton's JSON shape) for ``name`` ``version`` from the
+    decoded hash ``counters`` (field -> int)."""
+    v = f"{version}:"
+    return {
+        "name": name,
+        "version": str(version),
+        "last_inference": counters.get(f"{v}last_inference_ms", 0),
+        "inference_count": counters.get(f"{v}inference_count", 0),
+        "execution_count": counters.get(f"{v}execution_count", 0),
+        "inference_stats": {kind: _duration(counters, v, kind) for kind in DURATIONS},
+        "batch_stats": [
+            {"batch_size": size, **{p: _duration(counters, f"{v}batch:{size}:", p) for p in PHASES}}
+            for size in _batch_sizes(counters, version)
+        ],
+    }
+
+
+async def read(redis: Redis, wanted: Sequence[tuple[str, Sequence[int]]]) -> list[dict[str, Any]]:
+    """``$model_stat`` objects for each ``(model, versions)`` in ``wanted``, in that order,
+    read with one HGETALL per model in one pipeline (zeros for what was never recorded)."""
+    async with redis.pipeline(transaction=False) as pipe:
+        for name, _ in wanted:
+            pipe.hgetall(keys.stats(name))
+        hashes = await pipe.execute()
+    result = []
+    for (name, versions), raw in zip(wanted, hashes, strict=True):
+        counters = {field.decode(): int(value) for field, value in raw.items()}
+        result += [model_stat(name, version, counters) for version in versions]
+    return result

@@ -1,0 +1,103 @@
+"""naiad.stats against a real redis-server: counters added in pipelines, read back in Triton's
+statistics shape, the same for any reader."""
+
+from __future__ import annotations
+
+import asyncio
+
+from gateway.grpc_codec import to_model_statistics
+from naiad import keys, stats
+from naiad.redis_client import connect
+
+
+async def _record(url: str) -> None:
+    redis = connect(url)
+    try:
+        async with redis.pipeline(transaction=False) as pipe:
+            stats.add_execution(pipe, "m", stats.Execution(1, 3, [10, 20], _phases(5, 7, 11), 1000))
+            stats.add_execution(pipe, "m", stats.Execution(1, 1, [30], _phases(1, 2, 3), 2000))
+            stats.add_execution(pipe, "m", stats.Execution(2, 4, [40], _phases(1, 1, 1), 3000))
+            stats.add_request(pipe, "m", 1, True, 100, 1000)
+            stats.add_request(pipe, "m", 1, True, 200, 2000)
+            stats.add_request(pipe, "m", 1, True, 300, 2000)
+            stats.add_request(pipe, "m", 1, False, 50, 2500)
+            await pipe.execute()
+    finally:
+        await redis.aclose()
+
+
+def _phases(compute_input: int, compute_infer: int, compute_output: int) -> dict[str, int]:
+    return {"compute_input": compute_input, "compute_infer": compute_infer, "compute_output": compute_output}
+
+
+async def _read(url: str, wanted) -> list[dict]:
+    redis = connect(url)
+    try:
+        return await stats.read(redis, wanted)
+    finally:
+        await redis.aclose()
+
+
+def test_counters_add_up_per_version_and_batch_size(redis_url):
+    asyncio.run(_record(redis_url))
+    v1, v2 = asyncio.run(_read(redis_url, [("m", [1, 2])]))
+    assert (v1["name"], v1["version"]) == ("m", "1")
+    assert v1["inference_count"] == 4 and v1["execution_count"] == 2
+    assert v1["last_inference"] == 2500  # the failure came last
+    inference = v1["inference_stats"]
+    assert inference["success"] == {"count": 3, "ns": 600}
+    assert inference["fail"] == {"count": 1, "ns": 50}
+    assert inference["queue"] == {"count": 3, "ns": 60}
+    # Each request of a batch is charged the batch's phase durations, as Triton does.
+    assert inference["compute_input"] == {"count": 3, "ns": 5 * 2 + 1}
+    assert inference["compute_infer"] == {"count": 3, "ns": 7 * 2 + 2}
+    assert inference["compute_output"] == {"count": 3, "ns": 11 * 2 + 3}
+    assert inference["cache_hit"] == inference["cache_miss"] == {"count": 0, "ns": 0}
+    assert v1["batch_stats"] == [
+        {"batch_size": 1, "compute_input": {"count": 1, "ns": 1}, "compute_infer": {"count": 1, "ns": 2},
+         "compute_output": {"count": 1, "ns": 3}},
+        {"batch_size": 3, "compute_input": {"count": 1, "ns": 5}, "compute_infer": {"count": 1, "ns": 7},
+         "compute_output": {"count": 1, "ns": 11}},
+    ]  # fmt: skip
+    assert v2["inference_count"] == 4 and v2["execution_count"] == 1
+    assert [b["batch_size"] for b in v2["batch_stats"]] == [4]
+    assert v2["inference_stats"]["success"] == {"count": 0, "ns": 0}
+
+
+def test_unrecorded_model_reads_as_zeros_in_full_shape(redis_url):
+    (stat,) = asyncio.run(_read(redis_url, [("never", [3])]))
+    assert stat["version"] == "3" and stat["last_inference"] == 0
+    assert stat["inference_count"] == stat["execution_count"] == 0
+    assert list(stat["inference_stats"]) == list(stats.DURATIONS)
+    assert all(d == {"count": 0, "ns": 0} for d in stat["inference_stats"].values())
+    assert stat["batch_stats"] == []
+
+
+def test_key_layout_is_one_hash_per_model_with_hash_tag(redis_url):
+    asyncio.run(_record(redis_url))
+
+    async def fields() -> set[str]:
+        redis = connect(redis_url)
+        try:
+            assert await redis.keys("naiad:*") == [keys.stats("m").encode()]
+            return {f.decode() for f in await redis.hkeys(keys.stats("m"))}
+        finally:
+            await redis.aclose()
+
+    assert keys.stats("m") == "naiad:{m}:stats"
+    found = asyncio.run(fields())
+    assert {"1:success_count", "1:success_ns", "1:batch:3:compute_infer_ns", "1:last_inference_ms"} <= found
+
+
+def test_two_readers_agree_and_grpc_message_carries_the_same_numbers(redis_url):
+    asyncio.run(_record(redis_url))
+    first = asyncio.run(_read(redis_url, [("m", [1, 2])]))
+    second = asyncio.run(_read(redis_url, [("m", [1, 2])]))
+    assert first == second
+    message = to_model_statistics({"model_stats": first})
+    assert [s.version for s in message.model_stats] == ["1", "2"]
+    got = message.model_stats[0]
+    assert got.inference_count == 4 and got.execution_count == 2 and got.last_inference == 2500
+    assert got.inference_stats.success.count == 3 and got.inference_stats.success.ns == 600
+    assert [b.batch_size for b in got.batch_stats] == [1, 3]
+    assert got.batch_stats[1].compute_infer.ns == 7
