@@ -17,7 +17,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from aiohttp import hdrs, web
@@ -39,6 +39,7 @@ RUNNER_OPTIONS: dict[str, Any] = {"auto_decompress": False}
 #: Bodies at least this large are decoded or compressed in a thread, off the event loop.
 THREAD_BYTES = 1024 * 1024
 
+T = TypeVar("T")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -116,7 +117,9 @@ def _header_length(request: web.Request) -> int | None:
     return int(raw)
 
 
-async def _off_loop(size: int, func: Callable[..., bytes], *args: Any) -> bytes:
+async def _off_loop(size: int, func: Callable[..., T], *args: Any) -> T:
+    """``func(*args)``, in a worker thread when ``size`` (bytes) is large enough to stall
+    the event loop (JSON parsing, (de)compression), inline otherwise."""
     return await asyncio.to_thread(func, *args) if size >= THREAD_BYTES else func(*args)
 
 
@@ -134,7 +137,9 @@ async def infer(request: web.Request) -> web.Response:
     dp = _dp(request)
     entry, version = await dp.resolve(*_model(request))
     body = await read_body(request)
-    infer_request = parse_infer_request(body, _header_length(request), entry.name, version)
+    infer_request = await _off_loop(
+        len(body), parse_infer_request, body, _header_length(request), entry.name, version
+    )
     response = await dp.infer(infer_request)
     payload, headers = render_infer_response(response, infer_request)
     # Inference-Header-Content-Length keeps counting uncompressed bytes: tritonclient
