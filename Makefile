@@ -27,6 +27,7 @@ demo: repo
 	$(BIN)/python examples/demo.py --model-repository $(REPO)
 
 test: install
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && apt-get update -qq && apt-get install -y -qq chromium; } || echo "chromium not installed: the status page's browser test will be skipped"
 	$(BIN)/python -m pytest -q
 
 lint: install

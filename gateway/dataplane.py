@@ -9,8 +9,10 @@ model that looks local). Response shapes follow the KServe v2 protocol's "Server
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
+import uuid
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -19,8 +21,9 @@ from redis.exceptions import RedisError
 from gateway.classification import classify
 from gateway.dispatcher import QueueDispatcher
 from gateway.registry import ModelRegistry
+from gateway.response_cache import CacheTrace, ResponseCache
 from gateway.validation import client_shape, validate_request, wire_datatype
-from naiad import __version__, stats
+from naiad import __version__, logs, stats, tracing
 from naiad.errors import (
     InvalidInput,
     ModelControlDisabled,
@@ -74,8 +77,10 @@ class DataPlane:
         dispatcher: QueueDispatcher,
         request_timeout_s: float,
         model_control_mode: str = "none",
+        cache: ResponseCache | None = None,
     ):
         self.redis = redis
+        self.cache = cache  # None: the server-side response cache is off
         self.registry = registry
         self.dispatcher = dispatcher
         self.request_timeout_s = request_timeout_s
@@ -207,6 +212,23 @@ class DataPlane:
         return timeout_us / 1e6
 
     async def infer(self, request: InferRequest) -> InferResponse:
+        """:meth:`_infer` with the request's log context (request id: the client's ``id``, or
+        a fresh one) and, when tracing is on, the ``naiad.infer`` span around it."""
+        request_id = request.id or uuid.uuid4().hex[:16]
+        attributes = {"naiad.model": request.model, "naiad.version": request.version,
+                      "naiad.request_id": request_id}
+        started_ns = time.perf_counter_ns()
+        with logs.request_context(request_id, request.model, request.version), \
+                tracing.span("naiad.infer", attributes, kind="server"):
+            try:
+                response = await self._infer(request)
+            except Exception as exc:
+                logger.debug("infer failed: %s", exc)
+                raise
+            logger.debug("infer done in %.2f ms", (time.perf_counter_ns() - started_ns) / 1e6)
+            return response
+
+    async def _infer(self, request: InferRequest) -> InferResponse:
         """Validate ``request`` (already resolved to a version) and run it on a worker.
 
         A request that passes validation counts in the model's statistics as a success or a
@@ -216,13 +238,24 @@ class DataPlane:
         entry = await self.registry.get(request.model)
         validate_request(entry.config, request)
         timeout_s = self._timeout_s(request)
+        trace = CacheTrace()
         try:
-            response = await self._run(entry, request, timeout_s)
-        except Exception:
-            await self._record(request, False, started_ns)
+            response = await self._answer(entry, request, timeout_s, trace)
+        except (Exception, asyncio.CancelledError) as exc:  # cancelled: the client went away
+            await self._record(request, False, started_ns, trace, stats.failure_reason(exc))
             raise
-        await self._record(request, True, started_ns)
+        await self._record(request, True, started_ns, trace)
         return response
+
+    async def _answer(
+        self, entry: ModelEntry, request: InferRequest, timeout_s: float, trace: CacheTrace
+    ) -> InferResponse:
+        """From the response cache when the model opts in (Triton's ``response_cache``) and
+        the server has one, else from a worker."""
+        if self.cache is None or not entry.config.response_cache.enable:
+            return await self._run(entry, request, timeout_s)
+        run = functools.partial(self._run, entry, request)
+        return await self.cache.infer(request, timeout_s, run, trace)
 
     async def _run(self, entry: ModelEntry, request: InferRequest, timeout_s: float) -> InferResponse:
         response = await self.dispatcher.infer(request, timeout_s)
@@ -236,12 +269,22 @@ class DataPlane:
             ]
         return response
 
-    async def _record(self, request: InferRequest, ok: bool, started_ns: int) -> None:
-        """Add one request's outcome to its model's statistics; never fails the request."""
+    async def _record(
+        self,
+        request: InferRequest,
+        ok: bool,
+        started_ns: int,
+        trace: CacheTrace | None = None,
+        reason: str = "OTHER",
+    ) -> None:
+        """Add one request's outcome (a failure with Triton's ``reason``) to its model's
+        statistics; never fails the request."""
         duration_ns, now_ms = time.perf_counter_ns() - started_ns, int(time.time() * 1000)
         try:
             async with self.redis.pipeline(transaction=False) as pipe:
-                stats.add_request(pipe, request.model, request.version, ok, duration_ns, now_ms)
+                stats.add_request(pipe, request.model, request.version, ok, duration_ns, now_ms, reason)
+                if trace is not None and trace.used:
+                    stats.add_cache(pipe, request.model, request.version, trace.hit, trace.ns)
                 await pipe.execute()
         except RedisError as exc:
             logger.warning("statistics of model '%s' not recorded: %s", request.model, exc)

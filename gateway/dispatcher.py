@@ -18,7 +18,7 @@ import uuid
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from naiad import keys
+from naiad import keys, logs, tracing
 from naiad.codec import Reply, decode_reply, encode_request
 from naiad.errors import DeadlineExceeded, InvalidInput, Unavailable
 from naiad.inference import InferRequest, InferResponse
@@ -87,8 +87,15 @@ class QueueDispatcher:
         return InferResponse(request.model, request.version, reply.outputs, request.id)
 
     async def _enqueue(self, queue_id: str, request: InferRequest, timeout_s: float) -> None:
-        now = time.time()
-        fields = encode_request(queue_id, request, self.reply_key, now + timeout_s, now)
+        with tracing.span("naiad.enqueue", kind="producer"):
+            now = time.time()
+            fields = encode_request(
+                queue_id, request, self.reply_key, now + timeout_s, now,
+                traceparent=tracing.traceparent(), log_id=logs.REQUEST_ID.get(),
+            )
+            await self._send(request, fields, now)
+
+    async def _send(self, request: InferRequest, fields: dict[bytes, bytes], now: float) -> None:
         try:
             async with self.redis.pipeline(transaction=False) as pipe:
                 pipe.xadd(keys.request_stream(request.model), fields)

@@ -22,7 +22,7 @@ import numpy as np
 from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 
-from naiad.datatypes import from_bytes, numpy_dtype, to_bytes
+from naiad.datatypes import element_count, from_bytes, numpy_dtype, to_bytes
 from naiad.errors import InvalidInput
 from naiad.inference import InferRequest, InferResponse, RequestedOutput, Tensor
 
@@ -100,10 +100,6 @@ def _contents_field(name: str, datatype: str) -> str:
     return field
 
 
-def _element_count(shape: list[int]) -> int:
-    return int(np.prod(shape, dtype=np.int64)) if shape else 1
-
-
 def from_contents(name: str, datatype: str, shape: list[int], contents: pb.InferTensorContents) -> np.ndarray:
     """The array a typed ``contents`` holds. Raises :class:`InvalidInput` when the values are
     in another field than the datatype's, their count disagrees with ``shape``, or an integer
@@ -113,7 +109,7 @@ def from_contents(name: str, datatype: str, shape: list[int], contents: pb.Infer
     if stray:
         raise InvalidInput(f"input '{name}': {datatype} data belongs in {field}, not {stray[0]}")
     values = getattr(contents, field)
-    count = _element_count(shape)
+    count = element_count(shape)  # exact: a hostile shape must not wrap around
     if len(values) != count:
         raise InvalidInput(f"input '{name}': shape {shape} needs {count} elements, {field} has {len(values)}")
     if datatype == "BYTES":

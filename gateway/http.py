@@ -6,7 +6,8 @@ framework's own 404/405 included, is JSON ``{"error": "..."}`` from one middlewa
 bodies may be gzip or deflate (:mod:`gateway.http_encoding`; serve the app with
 :data:`RUNNER_OPTIONS` so aiohttp leaves them to us) and infer responses honour
 ``Accept-Encoding``. The REST surface is described by ``gateway/openapi.yaml`` (also
-``docs/openapi.yaml``), served as JSON at ``GET /v2/openapi.json``.
+``docs/openapi.yaml``), served as JSON at ``GET /v2/openapi.json``. ``GET /`` is a read-only
+HTML status page (:mod:`gateway.status_page`).
 """
 
 from __future__ import annotations
@@ -21,11 +22,14 @@ from typing import Any, TypeVar
 
 import yaml
 from aiohttp import hdrs, web
+from redis.exceptions import RedisError
 
 from gateway.dataplane import DataPlane
 from gateway.http_codec import HEADER_LENGTH, parse_infer_request, render_infer_response
 from gateway.http_encoding import accepted_coding, compress, decode_body
-from naiad.errors import InvalidInput, as_naiad_error
+from gateway.status_page import render_page
+from naiad.errors import InvalidInput, Unavailable, as_naiad_error
+from naiad.status import status_snapshot
 
 logger = logging.getLogger(__name__)
 
@@ -192,6 +196,15 @@ async def repository_unload(request: web.Request) -> web.Response:
     return web.Response(status=200)
 
 
+async def status_page(request: web.Request) -> web.Response:
+    """``GET /``: the read-only HTML status page (:mod:`gateway.status_page`)."""
+    try:
+        snapshot = await status_snapshot(_dp(request).redis)
+    except RedisError as exc:
+        raise Unavailable(f"status unavailable: {exc}") from None
+    return web.Response(text=render_page(snapshot), content_type="text/html")
+
+
 async def openapi(request: web.Request) -> web.Response:
     return web.Response(body=request.app[OPENAPI_JSON], content_type="application/json")
 
@@ -210,6 +223,7 @@ def _routes() -> list[web.RouteDef]:
         web.get("/v2/health/ready", health_ready),
         web.get("/v2", server_metadata),
         web.get("/v2/openapi.json", openapi),
+        web.get("/", status_page),
         # Before "/v2/models/{model}", which would take "stats" for a model name.
         web.get("/v2/models/stats", model_statistics),
         web.post("/v2/repository/index", repository_index),

@@ -1,63 +1,253 @@
-"""Prometheus metrics endpoint of the gateway (the ``--metrics-port``).
+"""Prometheus metrics endpoint of the gateway (the ``--metrics-port``), in Triton's names.
 
-Values that live in Redis are read at scrape time, so every gateway's scrape tells the same
-truth: ``naiad_model_workers{model}`` counts the workers whose heartbeat is current (a series
-per model in the registry, 0 when scaled to zero).
+Everything per model is read at scrape time from Redis (:func:`naiad.telemetry.snapshot`,
+one pipeline for all models), so every gateway's scrape tells the same truth, aggregated
+over all gateways and workers. Per model and version (labels ``model``, ``version``), as
+Triton exports them: the counters ``nv_inference_request_success``,
+``nv_inference_request_failure`` (also ``reason``: REJECTED, CANCELED, BACKEND, OTHER),
+``nv_inference_count``, ``nv_inference_exec_count``, and the cumulative microseconds
+``nv_inference_request_duration_us`` (successful requests), ``nv_inference_queue_duration_us``,
+``nv_inference_compute_{input,infer,output}_duration_us``, the response cache's
+``nv_cache_num_{hits,misses}_per_model`` and ``nv_cache_{hit,miss}_duration_per_model``
+(microseconds); the gauge
+``nv_inference_pending_request_count`` (entries in the model's stream, unanswered: one stream
+serves every version, so it is reported under the newest). Of this machine: ``nv_gpu_*``
+(label ``gpu_uuid``; only where NVML finds a GPU) and ``nv_cpu_*``. Naiad's own, per model:
+``naiad_model_workers``, ``naiad_queue_depth`` (the same reading as the pending count),
+``naiad_cold_starts_total``, ``naiad_cold_start_seconds`` (histogram),
+``naiad_model_download_bytes_total``, ``naiad_model_download_seconds_total`` and
+``naiad_scaler_decisions_total`` (label ``action``).
+
+prometheus_client's exposition names a counter's HELP/TYPE lines ``<name>_total``; Triton's
+counters carry no such suffix, so :func:`render` writes a counter's lines under the name its
+samples have. Build counters with :func:`counter` (samples named as the family).
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gateway.registry import ModelRegistry
-from naiad import keys
+from naiad import stats, telemetry
+from naiad.host import CpuReading, GpuReader, GpuReading, read_cpu
 
 REGISTRY_KEY = web.AppKey("registry", ModelRegistry)
 
+#: Triton's per-version counters: name -> (help, how to read it from a ``$model_stat``).
+TRITON_COUNTERS: dict[str, tuple[str, Callable[[dict], float]]] = {
+    "nv_inference_request_success": (
+        "Number of successful inference requests, all batch sizes",
+        lambda s: s["inference_stats"]["success"]["count"],
+    ),
+    "nv_inference_count": (
+        "Number of inferences performed (does not include cached requests)",
+        lambda s: s["inference_count"],
+    ),
+    "nv_inference_exec_count": (
+        "Number of model executions performed (does not include cached requests)",
+        lambda s: s["execution_count"],
+    ),
+    "nv_inference_request_duration_us": (
+        "Cumulative inference request duration in microseconds (includes cached requests)",
+        lambda s: s["inference_stats"]["success"]["ns"] // 1000,
+    ),
+    "nv_inference_queue_duration_us": (
+        "Cumulative inference queuing duration in microseconds (includes cached requests)",
+        lambda s: s["inference_stats"]["queue"]["ns"] // 1000,
+    ),
+    "nv_inference_compute_input_duration_us": (
+        "Cumulative compute input duration in microseconds (does not include cached requests)",
+        lambda s: s["inference_stats"]["compute_input"]["ns"] // 1000,
+    ),
+    "nv_inference_compute_infer_duration_us": (
+        "Cumulative compute inference duration in microseconds (does not include cached requests)",
+        lambda s: s["inference_stats"]["compute_infer"]["ns"] // 1000,
+    ),
+    "nv_inference_compute_output_duration_us": (
+        "Cumulative inference compute output duration in microseconds (does not include cached requests)",
+        lambda s: s["inference_stats"]["compute_output"]["ns"] // 1000,
+    ),
+    # The response cache (gateway/response_cache.py; 0 for a model without response_cache).
+    "nv_cache_num_hits_per_model": (
+        "Number of cache hits per model",
+        lambda s: s["inference_stats"]["cache_hit"]["count"],
+    ),
+    "nv_cache_num_misses_per_model": (
+        "Number of cache misses per model",
+        lambda s: s["inference_stats"]["cache_miss"]["count"],
+    ),
+    "nv_cache_hit_duration_per_model": (
+        "Total cache hit duration per model, in microseconds",
+        lambda s: s["inference_stats"]["cache_hit"]["ns"] // 1000,
+    ),
+    "nv_cache_miss_duration_per_model": (
+        "Total cache miss (lookup and insertion) duration per model, in microseconds",
+        lambda s: s["inference_stats"]["cache_miss"]["ns"] // 1000,
+    ),
+}
+
+#: This machine's GPU gauges (label ``gpu_uuid``): name -> (help, field of GpuReading).
+GPU_GAUGES = {
+    "nv_gpu_utilization": ("GPU utilization rate [0.0 - 1.0)", "utilization"),
+    "nv_gpu_memory_total_bytes": ("GPU total memory, in bytes", "memory_total_bytes"),
+    "nv_gpu_memory_used_bytes": ("GPU used memory, in bytes", "memory_used_bytes"),
+    "nv_gpu_power_usage": ("GPU power usage in watts", "power_w"),
+}
+
+#: This machine's CPU gauges (no labels): name -> (help, field of CpuReading).
+CPU_GAUGES = {
+    "nv_cpu_utilization": ("CPU utilization rate [0.0 - 1.0]", "utilization"),
+    "nv_cpu_memory_total_bytes": ("CPU total memory (RAM), in bytes", "memory_total_bytes"),
+    "nv_cpu_memory_used_bytes": ("CPU used memory (RAM), in bytes", "memory_used_bytes"),
+}
+
+
+def counter(name: str, documentation: str) -> Metric:
+    """An empty counter family whose samples are named ``name`` (add them with
+    ``add_sample(name, labels, value)``): exposed exactly as Triton names its counters."""
+    return Metric(name, documentation, "counter")
+
+
+def _version_families(models: list[telemetry.ModelTelemetry]) -> Iterable[Metric]:
+    for name, (documentation, read) in TRITON_COUNTERS.items():
+        family = counter(name, documentation)
+        for model in models:
+            for stat in model.stats:
+                family.add_sample(name, {"model": model.name, "version": stat["version"]}, read(stat))
+        yield family
+        if name == "nv_inference_request_success":
+            yield _failures(models)
+    pending = GaugeMetricFamily(
+        "nv_inference_pending_request_count",
+        "Instantaneous number of pending requests awaiting execution per-model.",
+        labels=["model", "version"],
+    )
+    for model in models:
+        if model.stats:  # one stream for all versions: reported under the newest
+            pending.add_metric([model.name, model.stats[-1]["version"]], model.queue_depth)
+    yield pending
+
+
+def _failures(models: list[telemetry.ModelTelemetry]) -> Metric:
+    name = "nv_inference_request_failure"
+    family = counter(name, "Number of failed inference requests, all batch sizes")
+    for model in models:
+        for version, reasons in model.failures.items():
+            for reason in stats.FAILURE_REASONS:
+                labels = {"model": model.name, "version": str(version), "reason": reason}
+                family.add_sample(name, labels, reasons[reason])
+    return family
+
+
+def _naiad_families(models: list[telemetry.ModelTelemetry]) -> Iterable[Metric]:
+    gauges = {
+        "naiad_model_workers": ("Worker processes serving the model now (0 when scaled to zero).",
+                                "workers"),
+        "naiad_queue_depth": ("Requests in the model's queue not yet answered (queued or running).",
+                              "queue_depth"),
+    }  # fmt: skip
+    for name, (documentation, attribute) in gauges.items():
+        gauge = GaugeMetricFamily(name, documentation, labels=["model"])
+        for model in models:
+            gauge.add_metric([model.name], getattr(model, attribute))
+        yield gauge
+    counters = {
+        "naiad_cold_starts_total": ("Workers started for the model that became ready.",
+                                    lambda m: m.cold_starts.count),
+        "naiad_model_download_bytes_total": ("Bytes of model versions pulled from the repository.",
+                                             lambda m: m.download_bytes),
+        "naiad_model_download_seconds_total": ("Seconds spent pulling model versions from the repository.",
+                                               lambda m: m.download_seconds),
+    }  # fmt: skip
+    for name, (documentation, read) in counters.items():
+        family = counter(name, documentation)
+        for model in models:
+            family.add_sample(name, {"model": model.name}, read(model))
+        yield family
+    histogram = HistogramMetricFamily(
+        "naiad_cold_start_seconds", "Worker process start to ready to read its queue, seconds.",
+        labels=["model"],
+    )
+    for model in models:
+        buckets = [("+Inf" if b == float("inf") else format(b, "g"), n) for b, n in model.cold_starts.buckets]
+        histogram.add_metric([model.name], buckets, model.cold_starts.sum)
+    yield histogram
+    decisions = counter("naiad_scaler_decisions_total", "Decisions of the local scaler, by action.")
+    for model in models:
+        for action, count in model.scaler_decisions.items():
+            decisions.add_sample(decisions.name, {"model": model.name, "action": action}, count)
+    yield decisions
+
+
+def host_families(gpus: list[GpuReading], cpu: CpuReading) -> Iterable[Metric]:
+    """Triton's GPU gauges (none without a GPU) and CPU gauges of this machine."""
+    if gpus:
+        for name, (documentation, attribute) in GPU_GAUGES.items():
+            gauge = GaugeMetricFamily(name, documentation, labels=["gpu_uuid"])
+            for gpu in gpus:
+                gauge.add_metric([gpu.uuid], getattr(gpu, attribute))
+            yield gauge
+    for name, (documentation, attribute) in CPU_GAUGES.items():
+        yield GaugeMetricFamily(name, documentation, value=getattr(cpu, attribute))
+
 
 class SnapshotCollector(Collector):
-    """Exposes values gathered asynchronously just before each scrape."""
+    """Exposes what :func:`metrics` read from Redis just before the scrape, and this
+    machine's GPU and CPU read now (``read_gpus`` and ``read_cpu`` are injectable)."""
 
-    def __init__(self) -> None:
-        self.workers: dict[str, int] = {}
+    def __init__(
+        self,
+        read_gpus: Callable[[], list[GpuReading]] | None = None,
+        read_cpu: Callable[[], CpuReading] = read_cpu,
+    ) -> None:
+        self.models: list[telemetry.ModelTelemetry] = []
+        self.read_gpus = read_gpus or GpuReader()
+        self.read_cpu = read_cpu
 
     def collect(self) -> Iterable[Metric]:
-        family = GaugeMetricFamily(
-            "naiad_model_workers",
-            "Worker processes serving the model now (0 when scaled to zero).",
-            labels=["model"],
-        )
-        for model, count in sorted(self.workers.items()):
-            family.add_metric([model], count)
-        yield family
+        yield from _version_families(self.models)
+        yield from _naiad_families(self.models)
+        yield from host_families(self.read_gpus(), self.read_cpu())
 
 
 SNAPSHOT = web.AppKey("snapshot", SnapshotCollector)
 PROM = web.AppKey("prometheus", CollectorRegistry)
 
 
-async def live_workers(registry: ModelRegistry, names: list[str]) -> dict[str, int]:
-    """Live worker count per model, from the heartbeat sorted sets in one pipeline."""
-    now = time.time()
-    async with registry.redis.pipeline(transaction=False) as pipe:
-        for name in names:
-            pipe.zcount(keys.workers(name), now, "+inf")
-        counts = await pipe.execute()
-    return dict(zip(names, counts, strict=True))
+class _One(Collector):
+    def __init__(self, metric: Metric) -> None:
+        self.metric = metric
+
+    def collect(self) -> Iterable[Metric]:
+        yield self.metric
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    """The Prometheus text format of ``registry``, a counter whose samples are all named as
+    the family (Triton's style) under that name; everything else as prometheus_client writes it."""
+    parts = []
+    for metric in registry.collect():
+        if metric.type == "counter" and all(s.name == metric.name for s in metric.samples):
+            as_gauge = Metric(metric.name, metric.documentation, "gauge")
+            as_gauge.samples = metric.samples
+            typed = f"# TYPE {metric.name} gauge\n".encode(), f"# TYPE {metric.name} counter\n".encode()
+            parts.append(generate_latest(_One(as_gauge)).replace(*typed))
+        else:
+            parts.append(generate_latest(_One(metric)))
+    return b"".join(parts)
 
 
 async def metrics(request: web.Request) -> web.Response:
     registry = request.app[REGISTRY_KEY]
     await registry.sync()
-    names = [entry.name for entry in registry.entries()]
-    request.app[SNAPSHOT].workers = await live_workers(registry, names)
-    body = generate_latest(request.app[PROM])
+    models = [(entry.name, sorted(entry.versions)) for entry in registry.entries()]
+    request.app[SNAPSHOT].models = await telemetry.snapshot(registry.redis, models)
+    body = render(request.app[PROM])
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 

@@ -21,6 +21,7 @@ from gateway.grpc_server import grpc_server
 from gateway.http import RUNNER_OPTIONS, create_app
 from gateway.metrics import create_metrics_app
 from gateway.registry import ModelRegistry, poll_repository
+from gateway.response_cache import WAIT_BLOCK_S, CacheConfig, ResponseCache
 from naiad.redis_client import connect
 from naiad.settings import Settings
 from repository_store import open_store
@@ -63,6 +64,19 @@ async def _background(coroutine: Coroutine[Any, Any, None]) -> AsyncIterator[Non
             await task
 
 
+async def _response_cache(
+    stack: contextlib.AsyncExitStack, settings: Settings, redis: aioredis.Redis, redis_url: str
+) -> ResponseCache | None:
+    """The response cache (``--cache-config``), with its own client for followers' BLPOPs;
+    None when the server side of the cache is off."""
+    if not settings.response_cache_enabled:
+        return None
+    blocking = connect(redis_url, longest_block_s=WAIT_BLOCK_S)
+    stack.push_async_callback(blocking.aclose)
+    config = CacheConfig(settings.response_cache_max_bytes, settings.response_cache_ttl_s)
+    return ResponseCache(redis, blocking, config)
+
+
 async def run_gateway(settings: Settings, redis_url: str, stop: asyncio.Event) -> None:
     """Serve until ``stop`` is set. Indexes the repository into Redis at start."""
     async with contextlib.AsyncExitStack() as stack:
@@ -75,8 +89,10 @@ async def run_gateway(settings: Settings, redis_url: str, stop: asyncio.Event) -
             polling = poll_repository(registry, settings.repository_poll_secs)
             await stack.enter_async_context(_background(polling))
         dispatcher = await stack.enter_async_context(_dispatcher(redis, redis_url))
+        cache = await _response_cache(stack, settings, redis, redis_url)
         dataplane = DataPlane(
-            redis, registry, dispatcher, settings.request_timeout_s, settings.model_control_mode
+            redis, registry, dispatcher, settings.request_timeout_s, settings.model_control_mode,
+            cache=cache,
         )
         app = create_app(dataplane, settings.http_max_body_bytes)
         await stack.enter_async_context(

@@ -64,7 +64,8 @@ def validate_request(config: mc.ModelConfig, request: InferRequest) -> None:
     """Raise :class:`InvalidInput` unless ``request`` fits ``config``.
 
     Checks input names (unknown, duplicate, missing non-optional), datatypes, shapes with the
-    implicit batch dimension, one batch size across inputs, and requested output names.
+    implicit batch dimension, one batch size across inputs, and requested output names
+    (unknown, duplicate).
     Element counts against shapes are checked when the tensors are decoded.
     """
     specs = {spec.name: spec for spec in config.input}
@@ -85,6 +86,10 @@ def validate_request(config: mc.ModelConfig, request: InferRequest) -> None:
     if len(batches) > 1:
         raise InvalidInput(f"inputs disagree on the batch size: {sorted(batches)}")
     outputs = {spec.name for spec in config.output}
+    asked: set[str] = set()
     for requested in request.outputs:
         if requested.name not in outputs:
             raise InvalidInput(f"unexpected inference output '{requested.name}' for model '{config.name}'")
+        if requested.name in asked:
+            raise InvalidInput(f"output '{requested.name}' is requested more than once")
+        asked.add(requested.name)

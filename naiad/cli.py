@@ -10,12 +10,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import logging
 import signal
 import sys
 from collections.abc import Sequence
 
-from naiad.settings import Settings
+from naiad import logs, tracing
+from naiad.settings import Settings, parse_cache_config
+
+
+def _bool(text: str) -> bool:
+    """Triton's boolean flag values: true/false (also 1/0, yes/no, on/off)."""
+    value = {"true": True, "1": True, "yes": True, "on": True,
+             "false": False, "0": False, "no": False, "off": False}.get(text.lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return value
+
 
 # flag -> Settings field, for the flags every command shares.
 COMMON_FLAGS = {
@@ -24,6 +34,11 @@ COMMON_FLAGS = {
     "--log-level": ("log_level", str, "DEBUG, INFO, WARNING or ERROR"),
     "--idle-timeout": ("idle_timeout_s", float, "seconds without requests before a worker exits"),
     "--cache-dir": ("cache_dir", str, "local cache of pulled model versions"),
+    "--log-format": ("log_format", "text|json", "text (default) or json: one JSON object a line"),
+    "--log-verbose": ("log_verbose", int, "Triton's verbose level: 1 DEBUG for naiad, 2 for libraries too"),
+    "--log-info": ("log_info", _bool, "true (default) or false: INFO records"),
+    "--log-warning": ("log_warning", _bool, "true (default) or false: WARNING records"),
+    "--log-error": ("log_error", _bool, "true (default) or false: ERROR records"),
 }
 GATEWAY_FLAGS = {
     "--http-port": ("http_port", int, "KServe v2 HTTP port (default 8000)"),
@@ -33,6 +48,8 @@ GATEWAY_FLAGS = {
     "--model-control-mode": ("model_control_mode", "none|poll|explicit", "none (default), poll or explicit"),
     "--repository-poll-secs": ("repository_poll_secs", float, "poll mode: seconds between re-indexings"),
     "--load-model": ("load_model", list, "explicit mode: model to load at start, repeatable ('*': all)"),
+    "--cache-config": ("cache_config", list, "response cache, repeatable: redis,max_bytes=N | "
+                       "redis,ttl_s=SECONDS | redis,enable=false (default 256 MiB, 1 h)"),
 }
 
 
@@ -58,14 +75,21 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         sub = commands.add_parser(name, help=text)
         _add(sub, COMMON_FLAGS | flags)
+        sub.add_argument("--trace", dest="trace", action="store_true", default=argparse.SUPPRESS,
+                         help="OpenTelemetry spans (the 'trace' extra; exporter from OTEL_* variables)")
         if name == "worker":
             sub.add_argument("--model", required=True, help="model name in the repository")
+    status = commands.add_parser("status", help="live view of models, workers, queues (Ctrl-C ends)")
+    status.add_argument("--redis-url", required=True, help="the Redis the gateways and workers use")
+    status.add_argument("--once", action="store_true", help="print one snapshot and exit")
+    status.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
     return parser
 
 
 def _settings(args: argparse.Namespace) -> Settings:
     fields = set(Settings.model_fields)
-    return Settings(**{k: v for k, v in vars(args).items() if k in fields})
+    values = {k: v for k, v in vars(args).items() if k in fields}
+    return Settings(**values, **parse_cache_config(getattr(args, "cache_config", [])))
 
 
 async def _until_signal(*runners) -> None:
@@ -134,19 +158,34 @@ def cmd_worker(settings: Settings, model: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    settings = _settings(args)
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    if args.command == "serve":
-        return cmd_serve(settings)
-    if args.command == "gateway":
-        return cmd_serve(settings, with_scaler=False)
-    if args.command == "scaler":
-        return cmd_serve(settings, with_gateway=False)
-    return cmd_worker(settings, args.model)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        settings = _settings(args)
+    except ValueError as exc:  # a malformed --cache-config
+        parser.error(str(exc))
+    if args.command == "status":
+        from naiad.status import run_status  # noqa: PLC0415
+
+        return run_status(args.redis_url, once=args.once, interval_s=args.interval)
+    try:
+        logs.configure(settings)
+    except ValueError as exc:  # an unknown --log-level
+        parser.error(str(exc))
+    try:
+        tracing.setup(settings, f"naiad-{args.command}")
+    except RuntimeError as exc:  # --trace without the 'trace' extra, a bad OTEL_TRACES_EXPORTER
+        parser.error(str(exc))
+    try:
+        if args.command == "serve":
+            return cmd_serve(settings)
+        if args.command == "gateway":
+            return cmd_serve(settings, with_scaler=False)
+        if args.command == "scaler":
+            return cmd_serve(settings, with_gateway=False)
+        return cmd_worker(settings, args.model)
+    finally:
+        tracing.shutdown()  # flushes spans not yet exported
 
 
 if __name__ == "__main__":

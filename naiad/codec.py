@@ -9,7 +9,11 @@ row-major; BYTES tensors use Triton's 4-byte length-prefixed elements
 Request header keys: ``q`` queue id (unique per enqueue), ``id`` client request id, ``v``
 model version, ``r`` reply list key, ``dl`` deadline (Unix seconds, float), ``t`` enqueue
 time (Unix seconds), ``in`` list of ``[name, datatype, shape, nbytes]``, ``out`` requested
-output names, ``p`` request parameters.
+output names, ``p`` request parameters, ``rid`` (optional) the id logs and traces give the
+request (the client's ``id``, or one the gateway made up when it sent none;
+:mod:`naiad.logs`), and optionally ``tp``: the W3C ``traceparent``
+of the gateway's span when tracing is on (:mod:`naiad.tracing`; absent otherwise, and a
+worker treats a missing or malformed one as no trace).
 Reply header keys: ``q``, ``ok`` bool, ``e`` ``[error class name, message]`` when not ok,
 ``out`` list of ``[name, datatype, shape, nbytes]``, ``st`` worker timings (ns) by phase.
 """
@@ -39,6 +43,13 @@ class QueuedRequest:
     deadline: float
     enqueued_at: float
     entry_id: bytes = b""
+    traceparent: str | None = None
+    log_id: str = ""
+
+    @property
+    def request_id(self) -> str:
+        """The id logs and traces use: the gateway's ``rid``, else the client's, else ours."""
+        return self.log_id or self.request.id or self.queue_id
 
 
 @dataclass
@@ -75,7 +86,8 @@ def _unpack_tensors(specs: list[list[Any]], raw: bytes) -> list[Tensor]:
 
 
 def encode_request(
-    queue_id: str, request: InferRequest, reply_to: str, deadline: float, now: float
+    queue_id: str, request: InferRequest, reply_to: str, deadline: float, now: float,
+    traceparent: str | None = None, log_id: str = "",
 ) -> dict[bytes, bytes]:
     """Stream-entry fields for ``request``; see the module doc for the header keys."""
     specs, raw = _pack_tensors(request.inputs)
@@ -90,6 +102,10 @@ def encode_request(
         "out": [output.name for output in request.outputs],
         "p": request.parameters,
     }
+    if log_id and log_id != request.id:
+        header["rid"] = log_id
+    if traceparent:
+        header["tp"] = traceparent
     try:
         return {HEADER: msgpack.packb(header), DATA: raw}
     except (OverflowError, TypeError, ValueError) as exc:  # e.g. a parameter past 2**64
@@ -109,8 +125,11 @@ def decode_request(model: str, fields: dict[bytes, bytes], entry_id: bytes = b""
             id=header["id"],
             parameters=header["p"],
         )
+        traceparent, log_id = header.get("tp"), header.get("rid")
         return QueuedRequest(
-            header["q"], request, header["r"], float(header["dl"]), float(header["t"]), entry_id
+            header["q"], request, header["r"], float(header["dl"]), float(header["t"]), entry_id,
+            traceparent if isinstance(traceparent, str) else None,
+            log_id if isinstance(log_id, str) else "",
         )
     except (KeyError, TypeError, ValueError, msgpack.UnpackException) as exc:
         raise InvalidInput(f"malformed queue message: {exc}") from exc
@@ -139,3 +158,19 @@ def decode_reply(payload: bytes) -> Reply:
         return reply
     except (KeyError, TypeError, ValueError, msgpack.UnpackException) as exc:
         raise InvalidInput(f"malformed reply message: {exc}") from exc
+
+
+def encode_tensors(tensors: list[Tensor]) -> bytes:
+    """One msgpack value ``[specs, raw]`` for ``tensors`` (the reply's layout without its
+    header): what the response cache stores."""
+    specs, raw = _pack_tensors(tensors)
+    return msgpack.packb([specs, raw])
+
+
+def decode_tensors(payload: bytes) -> list[Tensor]:
+    """Inverse of :func:`encode_tensors`. Raises :class:`InvalidInput` on a malformed value."""
+    try:
+        specs, raw = msgpack.unpackb(payload)
+        return _unpack_tensors(specs, raw)
+    except (TypeError, ValueError, msgpack.UnpackException) as exc:
+        raise InvalidInput(f"malformed cached tensors: {exc}") from exc

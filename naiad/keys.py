@@ -48,3 +48,51 @@ def stats(model: str) -> str:
     """Hash of ``model``'s statistics counters (Triton's statistics extension), shared by
     every gateway and worker: fields ``<version>:<counter>`` (see :mod:`naiad.stats`)."""
     return f"{PREFIX}:{{{model}}}:stats"
+
+
+def lifecycle(model: str) -> str:
+    """Hash of ``model``'s lifecycle counters, what Triton has no statistic for: cold starts
+    (count, duration sum, histogram buckets), downloads of its versions (bytes, seconds) and
+    the scaler's decisions, integer fields (see :mod:`naiad.telemetry`)."""
+    return f"{PREFIX}:{{{model}}}:lifecycle"
+
+
+# --- response cache (gateway/response_cache.py) ----------------------------------------------
+# Entries carry their model's hash tag; the size index is one set of keys for the whole server
+# (the cap is server-wide, as Triton's cache size is), touched only by its own Lua script.
+
+#: Sorted set of every cached entry's key, score = last use (Unix ms): the LRU order.
+RESPONSE_CACHE_LRU = f"{PREFIX}:response_cache:lru"
+
+#: Hash: entry key -> stored bytes, so an eviction knows what it frees.
+RESPONSE_CACHE_SIZES = f"{PREFIX}:response_cache:sizes"
+
+#: Integer: bytes of all indexed entries (never above the cache's ``max_bytes``).
+RESPONSE_CACHE_BYTES = f"{PREFIX}:response_cache:bytes"
+
+
+def response_cache_entry(model: str, digest: str) -> str:
+    """String holding the cached outputs (codec-encoded) of request ``digest`` (hex SHA-256
+    of its canonical encoding) to ``model``, with the cache's TTL."""
+    return f"{PREFIX}:{{{model}}}:cache:{digest}"
+
+
+def response_cache_inflight(model: str, digest: str) -> str:
+    """String: the token of the leader running request ``digest`` now (a lease, PX)."""
+    return f"{response_cache_entry(model, digest)}:inflight"
+
+
+def response_cache_waiters(model: str, digest: str, token: str) -> str:
+    """Counter of the followers waiting for leader ``token``'s answer."""
+    return f"{response_cache_entry(model, digest)}:waiters:{token}"
+
+
+def response_cache_done(model: str, digest: str, token: str) -> str:
+    """List leader ``token`` pushes one notification per counted follower onto (BLPOP)."""
+    return f"{response_cache_entry(model, digest)}:done:{token}"
+
+
+def response_cache_result(model: str, digest: str, token: str) -> str:
+    """Leader ``token``'s encoded outputs, kept briefly for its followers (even when the
+    entry itself is too large for the cache or already evicted)."""
+    return f"{response_cache_entry(model, digest)}:result:{token}"

@@ -7,7 +7,7 @@ Flag names mirror ``tritonserver`` where it has one (``--model-repository``,
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -69,8 +69,73 @@ class Settings(BaseSettings):
     cache_max_bytes: int = 10 * 1024**3
     """Size cap of ``cache_dir`` in bytes; least recently used versions go first."""
 
+    response_cache_enabled: bool = True
+    """Server side of Triton's response cache: models whose config says
+    ``response_cache { enable: true }`` are cached in Redis (``--cache-config redis,enable=false``
+    turns it off for every model)."""
+
+    response_cache_max_bytes: int = 256 * 1024**2
+    """Cap on the bytes of all cached responses, every model together (default 256 MiB); the
+    least recently used entries are evicted past it (``--cache-config redis,max_bytes=N``)."""
+
+    response_cache_ttl_s: float = 3600.0
+    """Seconds a cached response lives after it was stored (default 1 h;
+    ``--cache-config redis,ttl_s=N``)."""
+
     http_max_body_bytes: int = 64 * 1024**2
     """Largest HTTP request body accepted (aiohttp ``client_max_size``), in bytes."""
 
     log_level: str = "INFO"
     """Python logging level name."""
+
+    log_format: Literal["text", "json"] = "text"
+    """Log record format: ``text`` (one line, human) or ``json`` (one JSON object a line)."""
+
+    log_verbose: int = 0
+    """Triton's verbose level: 1 turns Naiad's own loggers to DEBUG, 2 every library's too."""
+
+    log_info: bool = True
+    """Triton's ``--log-info``: false drops INFO records."""
+
+    log_warning: bool = True
+    """Triton's ``--log-warning``: false drops WARNING records."""
+
+    log_error: bool = True
+    """Triton's ``--log-error``: false drops ERROR and CRITICAL records."""
+
+    trace: bool = False
+    """OpenTelemetry tracing (needs the ``trace`` extra). The exporter, sampler and service
+    name come from the standard ``OTEL_*`` variables (``OTEL_TRACES_EXPORTER=otlp|console|none``,
+    ``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_TRACES_SAMPLER``, ``OTEL_SERVICE_NAME``)."""
+
+
+#: ``--cache-config redis,<key>=<value>`` keys -> Settings fields and value parsers.
+CACHE_CONFIG_KEYS = {
+    "enable": ("response_cache_enabled", lambda v: {"true": True, "false": False}[v.lower()]),
+    "max_bytes": ("response_cache_max_bytes", int),
+    "ttl_s": ("response_cache_ttl_s", float),
+}
+
+
+def parse_cache_config(values: list[str]) -> dict[str, Any]:
+    """Settings fields from Triton-style ``--cache-config <cache>,<key>=<value>`` values
+    (repeatable; docs/user_guide/response_cache.md). The only cache is ``redis``; keys are
+    ``enable`` (true/false), ``max_bytes`` (> 0) and ``ttl_s`` (> 0). Raises ValueError."""
+    fields: dict[str, Any] = {}
+    for value in values:
+        cache, _, setting = value.partition(",")
+        key, eq, raw = setting.partition("=")
+        if cache.strip() != "redis":
+            raise ValueError(f"--cache-config {value!r}: the only cache is 'redis'")
+        if not eq or key.strip() not in CACHE_CONFIG_KEYS:
+            raise ValueError(f"--cache-config {value!r}: expected redis,<key>=<value> with key in "
+                             f"{', '.join(CACHE_CONFIG_KEYS)}")
+        field, parse = CACHE_CONFIG_KEYS[key.strip()]
+        try:
+            parsed = parse(raw.strip())
+        except (KeyError, ValueError):
+            raise ValueError(f"--cache-config {value!r}: bad value {raw!r}") from None
+        if not isinstance(parsed, bool) and parsed <= 0:
+            raise ValueError(f"--cache-config {value!r}: the value must be positive")
+        fields[field] = parsed
+    return fields

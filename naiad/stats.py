@@ -5,7 +5,9 @@ reports the same numbers. Fields are ``<version>:<counter>`` with integer values
 HINCRBY inside a pipeline the caller already sends (recording costs no extra round trip):
 
 - ``<v>:inference_count``, ``<v>:execution_count``: rows inferred, batches executed;
-- ``<v>:<kind>_count`` and ``<v>:<kind>_ns`` for each kind of :data:`DURATIONS`;
+- ``<v>:<kind>_count`` and ``<v>:<kind>_ns`` for each kind of :data:`DURATIONS` but ``fail``;
+- ``<v>:fail:<reason>_count`` and ``..._ns`` per reason of :data:`FAILURE_REASONS` (the
+  extension's ``fail`` is their sum; the metrics endpoint shows them by ``reason``);
 - ``<v>:batch:<rows>:<phase>_count`` and ``..._ns`` for each phase of :data:`PHASES`;
 - ``<v>:last_inference_ms``: Unix milliseconds of the last inference (HSET, not added).
 
@@ -13,13 +15,14 @@ Who records what follows Triton (docs/protocol/extension_statistics.md): a worke
 each batch it executed successfully (:func:`add_execution`: queue time per request, the
 three compute phases once per request in ``inference_stats`` and once per batch in
 ``batch_stats``); the gateway records each request that reached the model's queue as a
-success or a failure with its whole duration (:func:`add_request`). ``cache_hit`` and
-``cache_miss`` stay 0 until the response cache records them. Nothing here does I/O except
-:func:`read`.
+success or a failure with its whole duration (:func:`add_request`) and, for a model with
+the response cache, its lookup as a ``cache_hit`` or ``cache_miss`` (:func:`add_cache`).
+Nothing here does I/O except :func:`read`.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,11 +31,29 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
 from naiad import keys
+from naiad.errors import DeadlineExceeded, InferenceFailed
 
 #: Phases a worker times per executed batch (``inference_stats`` and ``batch_stats``).
 PHASES = ("compute_input", "compute_infer", "compute_output")
 #: Every duration of Triton's ``inference_stats``, in its order.
 DURATIONS = ("success", "fail", "queue", *PHASES, "cache_hit", "cache_miss")
+#: Triton's failure reasons (label ``reason`` of ``nv_inference_request_failure``).
+FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+
+
+def failure_reason(exc: BaseException) -> str:
+    """Triton's reason for a request that failed with ``exc``: its timeout expired before
+    an answer came (Triton's scheduler rejects a request whose timeout expires in the
+    queue) → REJECTED; the client went away (a cancelled task) → CANCELED; the backend
+    raised while running the model → BACKEND; anything else (Redis, a model that cannot
+    load, ...) → OTHER."""
+    if isinstance(exc, DeadlineExceeded):
+        return "REJECTED"
+    if isinstance(exc, asyncio.CancelledError):
+        return "CANCELED"
+    if isinstance(exc, InferenceFailed):
+        return "BACKEND"
+    return "OTHER"
 
 
 @dataclass(frozen=True)
@@ -66,16 +87,38 @@ def add_execution(pipe: Pipeline, model: str, run: Execution) -> None:
     pipe.hset(key, f"{v}last_inference_ms", run.finished_ms)
 
 
-def add_request(pipe: Pipeline, model: str, version: int, ok: bool, duration_ns: int, now_ms: int) -> None:
-    """Queue one request's outcome (``success`` or ``fail``) and its duration on ``pipe``."""
+def add_request(
+    pipe: Pipeline, model: str, version: int, ok: bool, duration_ns: int, now_ms: int, reason: str = "OTHER"
+) -> None:
+    """Queue one request's outcome (``success``, or ``fail`` with its ``reason``, one of
+    :data:`FAILURE_REASONS`: see :func:`failure_reason`) and its duration on ``pipe``."""
     key, v = keys.stats(model), f"{version}:"
-    _incr(pipe, key, v, "success" if ok else "fail", 1, duration_ns)
+    if ok:
+        _incr(pipe, key, v, "success", 1, duration_ns)
+    else:
+        _incr(pipe, key, f"{v}fail:", reason if reason in FAILURE_REASONS else "OTHER", 1, duration_ns)
     if not ok:  # a success's worker already stamped it; a failure may never reach one
         pipe.hset(key, f"{v}last_inference_ms", now_ms)
 
 
+def add_cache(pipe: Pipeline, model: str, version: int, hit: bool, duration_ns: int) -> None:
+    """Queue one response-cache lookup on ``pipe``: a hit (duration: looking up and reading
+    the entry, or waiting for a coalesced leader) or a miss (looking up and storing)."""
+    _incr(pipe, keys.stats(model), f"{version}:", "cache_hit" if hit else "cache_miss", 1, duration_ns)
+
+
 def _duration(counters: dict[str, int], prefix: str, kind: str) -> dict[str, int]:
     return {"count": counters.get(f"{prefix}{kind}_count", 0), "ns": counters.get(f"{prefix}{kind}_ns", 0)}
+
+
+def failures(counters: dict[str, int], version: int) -> dict[str, int]:
+    """Failed requests of ``version`` by reason (every reason of :data:`FAILURE_REASONS`)."""
+    return {reason: counters.get(f"{version}:fail:{reason}_count", 0) for reason in FAILURE_REASONS}
+
+
+def _failed(counters: dict[str, int], version: int) -> dict[str, int]:
+    parts = [_duration(counters, f"{version}:fail:", reason) for reason in FAILURE_REASONS]
+    return {"count": sum(p["count"] for p in parts), "ns": sum(p["ns"] for p in parts)}
 
 
 def _batch_sizes(counters: dict[str, int], version: int) -> list[int]:
@@ -93,7 +136,10 @@ def model_stat(name: str, version: int, counters: dict[str, int]) -> dict[str, A
         "last_inference": counters.get(f"{v}last_inference_ms", 0),
         "inference_count": counters.get(f"{v}inference_count", 0),
         "execution_count": counters.get(f"{v}execution_count", 0),
-        "inference_stats": {kind: _duration(counters, v, kind) for kind in DURATIONS},
+        "inference_stats": {
+            kind: _failed(counters, version) if kind == "fail" else _duration(counters, v, kind)
+            for kind in DURATIONS
+        },
         "batch_stats": [
             {"batch_size": size, **{p: _duration(counters, f"{v}batch:{size}:", p) for p in PHASES}}
             for size in _batch_sizes(counters, version)

@@ -17,6 +17,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from naiad.errors import ModelNotFound, ModelNotReady
 from naiad.settings import Settings
 from repository_store import ModelCache, ModelEntry, RepositoryStore, index_model, open_store
+from repository_store.cache import PullStats
 from workers.backends import load_backend
 from workers.model import ModelRunner
 
@@ -39,6 +40,7 @@ class VersionLoader:
         self.store: RepositoryStore | None = None
         self.entry: ModelEntry | None = None
         self._runners: dict[int, ModelRunner] = {}
+        self._pulls: list[PullStats] = []
         self._lock = asyncio.Lock()
 
     async def start(self, entry: ModelEntry | None = None) -> ModelEntry:
@@ -67,6 +69,12 @@ class VersionLoader:
                 self._runners[version] = await asyncio.to_thread(self._load, version)
         return self._runners[version]
 
+    def take_pulls(self) -> list[PullStats]:
+        """The downloads from the repository since the last call (a version found in the
+        local cache is none), for the worker to record."""
+        pulls, self._pulls = self._pulls, []
+        return pulls
+
     def _load(self, version: int) -> ModelRunner:
         assert self.entry is not None and self.entry.config is not None and self.store
         if version not in self.entry.versions:
@@ -74,6 +82,8 @@ class VersionLoader:
         started = time.perf_counter()
         folder = self.cache.ensure_version(self.store, self.model, version)
         pulled = time.perf_counter()
+        if self.cache.last_pull is not None and self.cache.last_pull.downloaded:
+            self._pulls.append(self.cache.last_pull)
         backend = load_backend(folder, self.entry.config, device_for(self.entry.config))
         logger.info(
             "model '%s' version %d: pulled in %.3f s, loaded in %.3f s",

@@ -18,7 +18,7 @@ import time
 
 from redis.exceptions import RedisError
 
-from naiad import keys, procs
+from naiad import keys, procs, telemetry
 from naiad.redis_client import connect
 from naiad.settings import Settings
 
@@ -43,7 +43,18 @@ class LocalScaler:
             "--idle-timeout", str(self.settings.idle_timeout_s),
             "--log-level", self.settings.log_level,
             "--cache-dir", str(self.settings.cache_dir),
+            *self.log_flags(),
         ]  # fmt: skip
+
+    def log_flags(self) -> list[str]:
+        """The logging and tracing flags of this process, so its workers log alike."""
+        s = self.settings
+        flags = [
+            "--log-format", s.log_format, "--log-verbose", str(s.log_verbose),
+            "--log-info", str(s.log_info).lower(), "--log-warning", str(s.log_warning).lower(),
+            "--log-error", str(s.log_error).lower(),
+        ]  # fmt: skip
+        return [*flags, "--trace"] if s.trace else flags
 
     async def run(self) -> None:
         """Scale until cancelled; then stop every worker it started (SIGTERM, drain)."""
@@ -81,10 +92,24 @@ class LocalScaler:
         except RedisError as exc:
             logger.warning("scaler cannot reach redis: %s", exc)
             return
+        started = []
         for index, name in enumerate(names):
             backlog, live = counts[2 * index], counts[2 * index + 1]
             if backlog > 0 and live == 0 and self._alive(name) == 0:
                 self.start_worker(name)
+                started.append(name)
+        await self._record_decisions(started, "start")
+
+    async def _record_decisions(self, models: list[str], action: str) -> None:
+        if not models:
+            return
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for model in models:
+                    telemetry.add_scaler_decision(pipe, model, action)
+                await pipe.execute()
+        except RedisError as exc:
+            logger.warning("scaler decisions not recorded: %s", exc)
 
     def start_worker(self, model: str) -> subprocess.Popen:
         process = procs.spawn(self.worker_command(model))

@@ -18,9 +18,11 @@ import time
 import uuid
 
 import numpy as np
-from redis.exceptions import ResponseError
+import psutil
+from redis.asyncio.client import Pipeline
+from redis.exceptions import RedisError, ResponseError
 
-from naiad import keys, stats
+from naiad import keys, logs, stats, telemetry, tracing
 from naiad.codec import QueuedRequest, Reply, decode_request, encode_reply
 from naiad.datatypes import datatype_of
 from naiad.errors import DeadlineExceeded, InferenceFailed, NaiadError
@@ -53,6 +55,7 @@ class Worker:
         self._generation: bytes | None = None
 
     async def run(self) -> int:
+        logs.MODEL.set(self.model)  # every record of this worker names its model
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stopping.set)
@@ -76,8 +79,26 @@ class Worker:
             await self._fail_backlog(exc)
             return 2
         self.policy = BatchPolicy.from_config(entry.config)
+        await self._record_cold_start()
         await self._serve()
         return 0
+
+    async def _record_cold_start(self) -> None:
+        """Record this cold start (process start → ready to read the queue) and what it
+        pulled from the repository, before the first request is answered."""
+        seconds = time.time() - psutil.Process().create_time()
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                telemetry.add_cold_start(pipe, self.model, seconds)
+                self._add_downloads(pipe)
+                await pipe.execute()
+        except RedisError as exc:
+            logger.warning("cold start of model '%s' not recorded: %s", self.model, exc)
+        logger.info("model '%s' ready %.3f s after the process started", self.model, seconds)
+
+    def _add_downloads(self, pipe: Pipeline) -> None:
+        for pull in self.loader.take_pulls():
+            telemetry.add_download(pipe, self.model, pull.bytes, pull.seconds)
 
     async def _ensure_group(self) -> None:
         try:
@@ -219,6 +240,27 @@ class Worker:
         await self._reply(pairs, runs)
 
     async def _execute(self, group: list[QueuedRequest]) -> tuple[list[bytes], stats.Execution | None]:
+        """:meth:`_execute_batch` with the batch's log context (version, request ids) and,
+        when tracing is on, a ``naiad.queue`` span per request and the ``naiad.batch`` span."""
+        version, ids = group[0].request.version, [q.request_id for q in group]
+        started_ns = time.time_ns()
+        for queued in group:
+            tracing.record("naiad.queue", int(queued.enqueued_at * 1e9), started_ns,
+                           {"naiad.request_id": queued.request_id}, parent=queued.traceparent)
+        attributes = {"naiad.model": self.model, "naiad.version": version,
+                      "naiad.request_ids": ids, "naiad.batch_requests": len(group)}
+        with logs.request_context(logs.batch_ids(ids), version=version), tracing.span(
+            "naiad.batch", attributes, kind="consumer", parent=group[0].traceparent,
+            links=[q.traceparent for q in group],
+        ):
+            payloads, run = await self._execute_batch(group)
+            elapsed_ms = (time.time_ns() - started_ns) / 1e6
+            logger.debug("batch of %d requests done in %.2f ms", len(group), elapsed_ms)
+            return payloads, run
+
+    async def _execute_batch(
+        self, group: list[QueuedRequest]
+    ) -> tuple[list[bytes], stats.Execution | None]:
         """Run one batch: encoded replies in ``group`` order, and its statistics if it ran."""
         try:
             runner = await self.loader.get(group[0].request.version)
@@ -242,7 +284,8 @@ class Worker:
         feed = runner.feed(batching.merge(requests), sum(sizes))
         names = runner.names([o.name for o in requests[0].outputs])
         t1 = time.perf_counter_ns()
-        results = await asyncio.to_thread(runner.backend.infer, feed, names)
+        with tracing.span("naiad.backend", {"naiad.batch_rows": sum(sizes)}):
+            results = await asyncio.to_thread(runner.backend.infer, feed, names)
         t2 = time.perf_counter_ns()
         outputs = runner.restore(results, names, sum(sizes))
         parts = batching.split(outputs, sizes) if batched else [outputs]
@@ -264,6 +307,7 @@ class Worker:
         async with self.redis.pipeline(transaction=False) as pipe:
             for run in runs or []:
                 stats.add_execution(pipe, self.model, run)
+            self._add_downloads(pipe)  # a version first asked for now, pulled lazily
             for queued, payload in pairs:
                 pipe.rpush(queued.reply_to, payload)
                 pipe.expire(queued.reply_to, keys.REPLY_TTL_S)

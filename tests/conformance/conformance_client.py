@@ -12,8 +12,7 @@ The repository (built once, in a tmp dir) holds the example models (``digits``,
 - ``spare``: an identity model nothing infers on, for unload / load (no worker to drain).
 
 The server runs with ``--model-control-mode explicit --load-model '*'`` so the repository
-extension's load and unload work. One server serves the whole suite (session scope: started
-when the first conformance test needs it).
+extension's load and unload work. One server serves the whole suite (``conftest.py``).
 
 :class:`Client` hides what differs between ``tritonclient.http``, ``tritonclient.http.aio``,
 ``tritonclient.grpc`` and ``tritonclient.grpc.aio`` (sync or async, dicts or messages), so a
@@ -193,3 +192,27 @@ def digits_row(n: int = 1) -> dict[str, tuple[np.ndarray, str]]:
 
 def json_dumps(value: Any) -> bytes:
     return json.dumps(value).encode()
+
+
+#: gRPC status code names and the HTTP status of the same error (naiad/errors.py's table).
+GRPC_TO_HTTP = {
+    "INVALID_ARGUMENT": 400,
+    "NOT_FOUND": 404,
+    "UNIMPLEMENTED": 501,
+    "UNAVAILABLE": 503,
+    "INTERNAL": 500,
+    "DEADLINE_EXCEEDED": 504,
+}
+
+
+def http_status(exc: Exception) -> int:
+    """The HTTP status of a tritonclient error (a gRPC code mapped by :data:`GRPC_TO_HTTP`)."""
+    status = str(exc.status())
+    if status.startswith("StatusCode."):
+        return GRPC_TO_HTTP[status.removeprefix("StatusCode.")]
+    return int(status)
+
+
+def ints(values: Any) -> list[int]:
+    """Shapes and counts as ints (protobuf JSON writes int64 as strings)."""
+    return [int(v) for v in values]

@@ -52,6 +52,8 @@ def server(conformance_repository, tmp_path_factory) -> Iterator[NaiadServer]:
         yield running
     finally:
         running.stop()
+    # Every bad request of the suite was answered as such: none reached the catch-all.
+    assert "unhandled error" not in running.log(), running.log()[-3000:]
 
 
 @pytest.fixture

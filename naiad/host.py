@@ -1,0 +1,93 @@
+"""Readings of this machine's GPUs (NVML, through the optional ``nvidia-ml-py``) and CPU
+(psutil), in the units Triton's metrics use: utilization as a ratio 0..1, bytes, watts.
+
+Like Triton's, these describe the machine of the process that reads them (the gateway
+answering the scrape), not the whole deployment. Without ``pynvml``, without a driver or
+without a GPU, :class:`GpuReader` reads nothing, once decided and never raising.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import psutil
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """One GPU now: its UUID, utilization (0..1), memory used and total (bytes), power (W)."""
+
+    uuid: str
+    utilization: float
+    memory_used_bytes: int
+    memory_total_bytes: int
+    power_w: float
+
+
+@dataclass(frozen=True)
+class CpuReading:
+    """The machine's CPU utilization since the previous reading (0..1, all cores) and its
+    memory: total and used (total - available, as Triton reads /proc/meminfo), bytes."""
+
+    utilization: float
+    memory_total_bytes: int
+    memory_used_bytes: int
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class GpuReader:
+    """Reads every GPU through NVML. ``nvml`` is the ``pynvml`` module (imported on first
+    use when not given); if it is missing or ``nvmlInit`` fails, every call returns []."""
+
+    def __init__(self, nvml: ModuleType | Any | None = None):
+        self._nvml = nvml
+        self._ready: bool | None = None
+
+    def _start(self) -> bool:
+        if self._ready is None:
+            try:
+                self._nvml = self._nvml or importlib.import_module("pynvml")
+                self._nvml.nvmlInit()
+                self._ready = True
+            except Exception as exc:  # no module, no driver, no device: no GPU metrics
+                logger.info("no GPU metrics: %s", exc)
+                self._ready = False
+        return self._ready
+
+    def __call__(self) -> list[GpuReading]:
+        if not self._start():
+            return []
+        nvml = self._nvml
+        try:
+            handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+            return [self._read(nvml, handle) for handle in handles]
+        except Exception as exc:  # a device that fails now (reset, fallen off the bus)
+            logger.warning("GPU metrics not read: %s", exc)
+            return []
+
+    @staticmethod
+    def _read(nvml: Any, handle: Any) -> GpuReading:
+        memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+        return GpuReading(
+            uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
+            utilization=nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0,  # percent
+            memory_used_bytes=int(memory.used),
+            memory_total_bytes=int(memory.total),
+            power_w=nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0,  # milliwatts
+        )
+
+
+def read_cpu() -> CpuReading:
+    """The CPU and memory now (utilization: since the previous call in this process)."""
+    memory = psutil.virtual_memory()
+    utilization = psutil.cpu_percent(interval=None) / 100.0
+    return CpuReading(utilization, memory.total, memory.total - memory.available)

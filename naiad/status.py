@@ -1,0 +1,189 @@
+"""What every model is doing now: the data of ``naiad status`` and of the gateway's page at ``/``.
+
+:func:`status_snapshot` reads Redis only (no transport, no web framework): the registry for
+the models and their versions, :func:`naiad.telemetry.snapshot` for the counters the metrics
+endpoint also shows (statistics, cold starts, queue length, live heartbeats), and one
+``XPENDING`` per model for the requests a worker has claimed and not answered yet. Each model
+gets a ``state``:
+
+- ``asleep``: no worker and nothing queued (scaled to zero; costs nothing);
+- ``waking``: requests queued but no worker yet (a cold start is under way);
+- ``busy``: workers up, and requests queued or running or one answered in the last
+  :data:`BUSY_WINDOW_S` seconds (a fast model's queue is empty most of the time);
+- ``idle``: workers up, nothing for that long (they exit after ``--idle-timeout``);
+- ``unavailable``: the registry entry is not READY (``reason`` says why).
+
+Latency is the mean over successful requests (their summed duration over their count, both
+from Triton's statistics): Naiad keeps no per-request latency histogram, so no percentile is
+claimed. :func:`run_status` draws the snapshot with ``rich`` (a table, refreshed in place).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError, ResponseError
+
+from naiad import keys, telemetry
+from repository_store import ModelEntry
+
+STATES = ("asleep", "waking", "busy", "idle", "unavailable")
+#: Seconds after its last inference that a model with workers still counts as busy.
+BUSY_WINDOW_S = 5.0
+
+
+def _state(entry: ModelEntry, workers: int, queue: int, last_inference_ms: int, now: float) -> str:
+    if not entry.ready:
+        return "unavailable"
+    if workers == 0:
+        return "waking" if queue else "asleep"
+    recent = now - last_inference_ms / 1000 < BUSY_WINDOW_S
+    return "busy" if queue or recent else "idle"
+
+
+def _ratio(part: int, whole: int) -> float | None:
+    return part / whole if whole else None
+
+
+def _model_row(
+    entry: ModelEntry, tele: telemetry.ModelTelemetry, in_flight: int, now: float
+) -> dict[str, Any]:
+    def total(kind: str, unit: str) -> int:
+        return sum(s["inference_stats"][kind][unit] for s in tele.stats)
+
+    success, success_ns = total("success", "count"), total("success", "ns")
+    hits, misses = total("cache_hit", "count"), total("cache_miss", "count")
+    cold = tele.cold_starts
+    last_ms = max((s["last_inference"] for s in tele.stats), default=0)
+    queue = max(tele.queue_depth, in_flight)  # two round trips: a claim may fall between them
+    return {
+        "name": entry.name,
+        "state": _state(entry, tele.workers, queue, last_ms, now),
+        "reason": entry.reason,
+        "versions": [str(v) for v in entry.versions],
+        "workers": tele.workers,
+        "queue": queue,
+        "in_flight": in_flight,
+        "success": success,
+        "failure": sum(sum(reasons.values()) for reasons in tele.failures.values()),
+        "inferences": sum(s["inference_count"] for s in tele.stats),
+        "executions": sum(s["execution_count"] for s in tele.stats),
+        "avg_latency_ms": success_ns / success / 1e6 if success else None,
+        "cache_hits": hits,
+        "cache_misses": misses,
+        "cache_hit_ratio": _ratio(hits, hits + misses),
+        "cold_starts": cold.count,
+        "cold_start_avg_s": cold.sum / cold.count if cold.count else None,
+        "last_inference_ms": last_ms,
+    }
+
+
+async def _in_flight(redis: Redis, names: list[str]) -> list[int]:
+    """Entries each model's workers claimed and have not acknowledged (XPENDING)."""
+    async with redis.pipeline(transaction=False) as pipe:
+        for name in names:
+            pipe.xpending(keys.request_stream(name), keys.WORKER_GROUP)
+        replies = await pipe.execute(raise_on_error=False)
+    # NOGROUP: no worker ever ran for the model, so nothing can be claimed.
+    return [0 if isinstance(r, ResponseError) else int(r["pending"]) for r in replies]
+
+
+async def status_snapshot(redis: Redis) -> dict[str, Any]:
+    """``{"time": unix s, "models": [row, ...], "counts": {state: n}}``, models by name;
+    see :func:`_model_row` for a row's keys (``None`` where a ratio or mean has no data)."""
+    raw = await redis.hgetall(keys.REGISTRY)
+    entries = sorted((ModelEntry.from_bytes(value) for value in raw.values()), key=lambda e: e.name)
+    tele = await telemetry.snapshot(redis, [(e.name, sorted(e.versions)) for e in entries])
+    in_flight = await _in_flight(redis, [e.name for e in entries]) if entries else []
+    now = time.time()
+    rows = [_model_row(*parts, now) for parts in zip(entries, tele, in_flight, strict=True)]
+    counts = {state: sum(row["state"] == state for row in rows) for state in STATES}
+    return {"time": now, "models": rows, "counts": counts}
+
+
+# --- presentation, shared by the terminal view and the HTML page ------------------------------
+
+COLUMNS = (
+    ("model", "name"), ("state", "state"), ("versions", "versions"), ("workers", "workers"),
+    ("queue", "queue"), ("in flight", "in_flight"), ("ok", "success"), ("failed", "failure"),
+    ("avg latency", "avg_latency_ms"), ("cache hits", "cache_hit_ratio"),
+    ("cold starts", "cold_starts"), ("avg cold start", "cold_start_avg_s"),
+)  # fmt: skip
+
+
+def cell(row: dict[str, Any], key: str) -> str:
+    """One value of ``row`` as text: ratios as percentages, durations with units, ``-`` for
+    no data."""
+    value = row[key]
+    if key == "versions":
+        return ",".join(value) or "-"
+    if value is None:
+        return "-"
+    if key == "avg_latency_ms":
+        return f"{value:.1f} ms"
+    if key == "cold_start_avg_s":
+        return f"{value:.2f} s"
+    if key == "cache_hit_ratio":
+        return f"{value:.0%} ({row['cache_hits']}/{row['cache_hits'] + row['cache_misses']})"
+    return str(value)
+
+
+#: What the columns mean where the header cannot say it.
+CAPTION = (
+    "queue: requests not answered yet (in flight: claimed by a worker); "
+    "avg latency: mean of successful requests (no percentiles are kept)"
+)
+STYLES = {"asleep": "dim", "waking": "yellow", "busy": "bold green", "idle": "green", "unavailable": "red"}
+
+
+def render_table(snapshot: dict[str, Any]) -> Any:
+    """The snapshot as a ``rich`` table."""
+    from rich.table import Table  # noqa: PLC0415
+    from rich.text import Text  # noqa: PLC0415
+
+    counts = ", ".join(f"{n} {state}" for state, n in snapshot["counts"].items() if n)
+    stamp = time.strftime("%H:%M:%S", time.localtime(snapshot["time"]))
+    table = Table(title=f"naiad status {stamp} - {counts or 'no models'}", title_justify="left")
+    for header, key in COLUMNS:
+        table.add_column(header, justify="left" if key in ("name", "state", "versions") else "right")
+    for row in snapshot["models"]:
+        cells = [cell(row, key) for _, key in COLUMNS]
+        cells[1] = Text(cells[1], style=STYLES.get(row["state"], ""))
+        table.add_row(*cells)
+    table.caption = CAPTION
+    return table
+
+
+async def _watch(redis_url: str, once: bool, interval_s: float) -> int:
+    from rich.console import Console  # noqa: PLC0415
+    from rich.live import Live  # noqa: PLC0415
+
+    from naiad.redis_client import connect  # noqa: PLC0415
+
+    console = Console() if Console().is_terminal else Console(width=200)
+    redis = connect(redis_url)
+    try:
+        if once:
+            console.print(render_table(await status_snapshot(redis)))
+            return 0
+        with Live(render_table(await status_snapshot(redis)), console=console, auto_refresh=False) as live:
+            while True:
+                await asyncio.sleep(interval_s)
+                live.update(render_table(await status_snapshot(redis)), refresh=True)
+    finally:
+        await redis.aclose()
+
+
+def run_status(redis_url: str, once: bool = False, interval_s: float = 1.0) -> int:
+    """``naiad status``: draw the snapshot every ``interval_s`` until Ctrl-C, or once."""
+    try:
+        return asyncio.run(_watch(redis_url, once, interval_s))
+    except KeyboardInterrupt:
+        return 0
+    except RedisError as exc:
+        print(f"naiad status: cannot read {redis_url}: {exc}", file=sys.stderr)
+        return 1
