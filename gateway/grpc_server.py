@@ -42,7 +42,7 @@ SERVER_OPTIONS = [
     # Fail to start when the port is taken instead of silently sharing it.
     ("grpc.so_reuseport", 0),
 ]
-#: Seconds in-flight RPCs get to finish when the server stops.
+#: Seconds in-flight RPCs get to finish when the server stops (default of :func:`grpc_server`).
 STOP_GRACE_S = 5.0
 
 
@@ -234,8 +234,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
 
 @contextlib.asynccontextmanager
-async def grpc_server(dataplane: DataPlane, host: str, port: int) -> AsyncIterator[grpc.aio.Server]:
-    """A started gRPC server on ``host:port``, stopped (with a grace period) on exit."""
+async def grpc_server(
+    dataplane: DataPlane, host: str, port: int, grace_s: float = STOP_GRACE_S
+) -> AsyncIterator[grpc.aio.Server]:
+    """A started gRPC server on ``host:port``; on exit it refuses new RPCs at once and gives
+    in-flight ones ``grace_s`` seconds to finish (then cancels them)."""
     server = grpc.aio.server(interceptors=[ErrorInterceptor()], options=SERVER_OPTIONS)
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(dataplane), server)
     server.add_insecure_port(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
@@ -243,4 +246,4 @@ async def grpc_server(dataplane: DataPlane, host: str, port: int) -> AsyncIterat
     try:
         yield server
     finally:
-        await server.stop(STOP_GRACE_S)
+        await server.stop(grace_s)

@@ -15,8 +15,9 @@ serves every version, so it is reported under the newest). Of this machine: ``nv
 (label ``gpu_uuid``; only where NVML finds a GPU) and ``nv_cpu_*``. Naiad's own, per model:
 ``naiad_model_workers``, ``naiad_queue_depth`` (the same reading as the pending count),
 ``naiad_cold_starts_total``, ``naiad_cold_start_seconds`` (histogram),
-``naiad_model_download_bytes_total``, ``naiad_model_download_seconds_total`` and
-``naiad_scaler_decisions_total`` (label ``action``).
+``naiad_warm_pool_claims_total``, ``naiad_model_download_bytes_total``,
+``naiad_model_download_seconds_total``, ``naiad_model_loads_total``,
+``naiad_model_load_seconds_total`` and ``naiad_scaler_decisions_total`` (label ``action``).
 
 prometheus_client's exposition names a counter's HELP/TYPE lines ``<name>_total``; Triton's
 counters carry no such suffix, so :func:`render` writes a counter's lines under the name its
@@ -159,24 +160,36 @@ def _naiad_families(models: list[telemetry.ModelTelemetry]) -> Iterable[Metric]:
     counters = {
         "naiad_cold_starts_total": ("Workers started for the model that became ready.",
                                     lambda m: m.cold_starts.count),
+        "naiad_warm_pool_claims_total": ("Cold starts of the model served by a warm-pool process.",
+                                         lambda m: m.warm_pool_claims),
         "naiad_model_download_bytes_total": ("Bytes of model versions pulled from the repository.",
                                              lambda m: m.download_bytes),
         "naiad_model_download_seconds_total": ("Seconds spent pulling model versions from the repository.",
                                                lambda m: m.download_seconds),
+        "naiad_model_loads_total": ("Model versions loaded into a backend by the model's workers.",
+                                    lambda m: m.loads),
+        "naiad_model_load_seconds_total": ("Seconds spent loading model versions into a backend, "
+                                           "after the pull.", lambda m: m.load_seconds),
     }  # fmt: skip
     for name, (documentation, read) in counters.items():
         family = counter(name, documentation)
         for model in models:
             family.add_sample(name, {"model": model.name}, read(model))
         yield family
-    histogram = HistogramMetricFamily(
-        "naiad_cold_start_seconds", "Worker process start to ready to read its queue, seconds.",
-        labels=["model"],
-    )
-    for model in models:
-        buckets = [("+Inf" if b == float("inf") else format(b, "g"), n) for b, n in model.cold_starts.buckets]
-        histogram.add_metric([model.name], buckets, model.cold_starts.sum)
-    yield histogram
+    histograms = {
+        "naiad_cold_start_seconds": ("Worker process start (warm pool: its claim) to ready to read its "
+                                     "queue, seconds.",
+                                     lambda m: m.cold_starts),
+        "naiad_request_duration_seconds": ("Successful requests, arrival to answer at the gateway, seconds.",
+                                           lambda m: m.request_durations),
+    }  # fmt: skip
+    for name, (documentation, read) in histograms.items():
+        family = HistogramMetricFamily(name, documentation, labels=["model"])
+        for model in models:
+            observed = read(model)
+            buckets = [("+Inf" if b == float("inf") else format(b, "g"), n) for b, n in observed.buckets]
+            family.add_metric([model.name], buckets, observed.sum)
+        yield family
     decisions = counter("naiad_scaler_decisions_total", "Decisions of the local scaler, by action.")
     for model in models:
         for action, count in model.scaler_decisions.items():

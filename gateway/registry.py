@@ -12,6 +12,11 @@ whole repository (``none``, ``poll``) or only the models to load (``explicit``; 
 get an ``UNAVAILABLE`` "unloaded" entry); :meth:`ModelRegistry.poll` re-indexes and writes
 only the entries that changed; :meth:`ModelRegistry.load` and :meth:`ModelRegistry.unload`
 change one entry.
+
+Polling costs what changed, not the repository's size: each poll lists the repository once
+(:meth:`RepositoryStore.fingerprints`: one paged S3 listing with ETags, or one local walk
+with ``stat``) and re-indexes (reads configs, fetches ONNX files to auto-complete) only the
+models whose fingerprint differs from the previous poll's, or that Redis does not hold.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from repository_store import (
     ModelEntry,
     RepositoryStore,
     index_model,
+    index_models,
     index_repository,
 )
 
@@ -54,13 +60,18 @@ class ModelRegistry:
         self._entries: dict[str, ModelEntry] = {}
         self._generation: int | None = None
         self._synced_at = float("-inf")
+        self._fingerprints: dict[str, str] = {}
+        #: Models re-indexed by the last :meth:`poll` (what a poll cost; tests and benches).
+        self.last_poll_indexed: list[str] = []
 
     async def start(self, mode: str, load: list[str]) -> None:
         """The start-up indexing of model control ``mode`` (``load``: explicit mode's models)."""
         if mode == "explicit":
             await self.index_explicit(load)
-        else:
-            await self.index()
+            return
+        if mode == "poll":  # the baseline, taken before indexing: a change meanwhile shows next poll
+            self._fingerprints = await asyncio.to_thread(self.store.fingerprints)
+        await self.index()
 
     async def index(self) -> dict[str, ModelEntry]:
         """Re-read the whole repository into Redis. Raises RepositoryError if unreachable."""
@@ -97,14 +108,20 @@ class ModelRegistry:
         logger.info("explicit model control: loaded %s", ", ".join(sorted(loaded)) or "no model")
 
     async def poll(self) -> bool:
-        """Re-index the repository and write only what changed (new, changed and removed
-        models) with one generation bump; nothing at all when nothing changed. True if
-        something did. Raises RepositoryError if the repository is unreachable."""
-        fresh = await asyncio.to_thread(index_repository, self.store)
-        current = await self._read_all()
+        """Re-index the models whose files changed since the last poll (fingerprints) and
+        write only the entries that differ (new, changed and removed models) with one
+        generation bump; nothing at all when nothing changed. True if something did.
+        Raises RepositoryError if the repository is unreachable (the next poll retries)."""
+        prints = await asyncio.to_thread(self.store.fingerprints)
+        known = {name.decode() for name in await self.redis.hkeys(keys.REGISTRY)}
+        stale = sorted(n for n, p in prints.items() if self._fingerprints.get(n) != p or n not in known)
+        self.last_poll_indexed = stale
+        fresh = await asyncio.to_thread(index_models, self.store, stale) if stale else {}
+        current = await self._read(stale)
         changed = {n: e for n, e in fresh.items() if current.get(n) != e}
-        removed = sorted(set(current) - set(fresh))
+        removed = sorted(known - set(prints))
         if not changed and not removed:
+            self._fingerprints = prints
             return False
         async with self.redis.pipeline(transaction=True) as pipe:
             if changed:
@@ -113,6 +130,7 @@ class ModelRegistry:
                 pipe.hdel(keys.REGISTRY, *removed)
             pipe.incr(GENERATION)
             await pipe.execute()
+        self._fingerprints = prints  # only once written: a failed write is retried next poll
         for name, entry in sorted(changed.items()):
             verb = "changed" if name in current else "added"
             logger.info("model '%s' %s: %s %s", name, verb, entry.state, entry.reason)
@@ -142,6 +160,13 @@ class ModelRegistry:
             pipe.incr(GENERATION)
             await pipe.execute()
         await self.sync()
+
+    async def _read(self, names: list[str]) -> dict[str, ModelEntry]:
+        """The Redis entries of ``names`` that exist."""
+        if not names:
+            return {}
+        raw = await self.redis.hmget(keys.REGISTRY, names)
+        return {n: ModelEntry.from_bytes(v) for n, v in zip(names, raw, strict=True) if v is not None}
 
     async def _read_all(self) -> dict[str, ModelEntry]:
         raw = await self.redis.hgetall(keys.REGISTRY)

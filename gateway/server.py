@@ -2,6 +2,8 @@
 
 Every resource (Redis pool, reply reader, listening sites, and for ``naiad serve`` the
 local scaler) is opened in :func:`run_gateway` and closed in reverse order on the way out.
+Stopping is graceful: HTTP and gRPC stop accepting together, then in-flight requests get
+``shutdown_grace_s`` to finish while the reply reader and Redis are still open.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ logger = logging.getLogger(__name__)
 
 @contextlib.asynccontextmanager
 async def _site(app: web.Application, host: str, port: int, **options: Any) -> AsyncIterator[None]:
+    """``app`` served on ``host:port``; on exit aiohttp closes the listening socket, then
+    waits for in-flight handlers (``shutdown_timeout`` in ``options``, default 60 s)."""
     runner = web.AppRunner(app, access_log=None, **options)
     await runner.setup()
     try:
@@ -50,6 +54,26 @@ async def _dispatcher(redis: aioredis.Redis, redis_url: str) -> AsyncIterator[Qu
     finally:
         await dispatcher.stop()
         await reader.aclose()
+
+
+@contextlib.asynccontextmanager
+async def _endpoints(settings: Settings, dataplane: DataPlane) -> AsyncIterator[None]:
+    """The HTTP and gRPC endpoints; on the way out both stop accepting, then give in-flight
+    requests ``shutdown_grace_s`` to finish, concurrently."""
+    grace = settings.shutdown_grace_s
+    http = _site(create_app(dataplane, settings.http_max_body_bytes), settings.http_host,
+                 settings.http_port, shutdown_timeout=grace, **RUNNER_OPTIONS)
+    rpc = grpc_server(dataplane, settings.http_host, settings.grpc_port, grace_s=grace)
+    await http.__aenter__()
+    try:
+        await rpc.__aenter__()
+    except BaseException:
+        await http.__aexit__(None, None, None)
+        raise
+    try:
+        yield
+    finally:
+        await asyncio.gather(rpc.__aexit__(None, None, None), http.__aexit__(None, None, None))
 
 
 @contextlib.asynccontextmanager
@@ -94,11 +118,7 @@ async def run_gateway(settings: Settings, redis_url: str, stop: asyncio.Event) -
             redis, registry, dispatcher, settings.request_timeout_s, settings.model_control_mode,
             cache=cache,
         )
-        app = create_app(dataplane, settings.http_max_body_bytes)
-        await stack.enter_async_context(
-            _site(app, settings.http_host, settings.http_port, **RUNNER_OPTIONS)
-        )
-        await stack.enter_async_context(grpc_server(dataplane, settings.http_host, settings.grpc_port))
+        await stack.enter_async_context(_endpoints(settings, dataplane))
         metrics = create_metrics_app(registry)
         await stack.enter_async_context(_site(metrics, settings.http_host, settings.metrics_port))
         logger.info(

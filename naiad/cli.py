@@ -1,4 +1,5 @@
-"""The ``naiad`` command line: ``serve``, ``gateway``, ``scaler`` and ``worker``.
+"""The ``naiad`` command line: ``serve``, ``gateway``, ``scaler``, ``worker``, and the tools
+``status``, ``deploy`` and ``k8s render``.
 
 Flags mirror ``tritonserver`` where it has one; each flag also reads from ``NAIAD_<NAME>``
 (see :class:`naiad.settings.Settings`). Each command imports only what it runs, so a worker
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import pathlib
 import signal
 import sys
 from collections.abc import Sequence
@@ -40,11 +42,26 @@ COMMON_FLAGS = {
     "--log-warning": ("log_warning", _bool, "true (default) or false: WARNING records"),
     "--log-error": ("log_error", _bool, "true (default) or false: ERROR records"),
 }
+# flag -> Settings field, for the scaler's policy (serve, scaler; workers read min and idle).
+SCALER_FLAGS = {
+    "--min-workers": ("min_workers", int, "workers kept per model even when idle (default 0)"),
+    "--max-workers": ("max_workers_per_model", int, "most workers per model (default 4)"),
+    "--target-inflight": ("target_inflight", int, "queued + running requests per worker (default 8)"),
+    "--scale-down-period": ("scale_down_period_s", float,
+                            "seconds between stops of one model's workers (default 30)"),
+}
+# flag -> Settings field, for the warm pool of the local scaler (serve, scaler).
+POOL_FLAGS = {
+    "--warm-pool-size": ("warm_pool_size", int, "generic worker processes kept started (default 1; 0: none)"),
+    "--warm-pool-idle-timeout": ("warm_pool_idle_timeout_s", float,
+                                 "seconds without a cold start before the pool shrinks to 0 (default never)"),
+}
 GATEWAY_FLAGS = {
     "--http-port": ("http_port", int, "KServe v2 HTTP port (default 8000)"),
     "--grpc-port": ("grpc_port", int, "KServe v2 gRPC port (default 8001)"),
     "--metrics-port": ("metrics_port", int, "Prometheus metrics port (default 8002)"),
     "--request-timeout": ("request_timeout_s", float, "default request timeout, seconds"),
+    "--shutdown-grace": ("shutdown_grace_s", float, "seconds in-flight requests get on SIGTERM (default 30)"),
     "--model-control-mode": ("model_control_mode", "none|poll|explicit", "none (default), poll or explicit"),
     "--repository-poll-secs": ("repository_poll_secs", float, "poll mode: seconds between re-indexings"),
     "--load-model": ("load_model", list, "explicit mode: model to load at start, repeatable ('*': all)"),
@@ -68,22 +85,48 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="naiad", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     for name, text, flags in (
-        ("serve", "gateway + scaler (+ embedded Redis) on one machine", GATEWAY_FLAGS),
+        ("serve", "gateway + scaler (+ embedded Redis) on one machine", GATEWAY_FLAGS | SCALER_FLAGS),
         ("gateway", "the stateless gateway only", GATEWAY_FLAGS),
-        ("scaler", "the local scaler only", {}),
-        ("worker", "one worker process for one model", {}),
+        ("scaler", "the local scaler only", SCALER_FLAGS),
+        ("worker", "one worker process for one model", SCALER_FLAGS),
     ):
         sub = commands.add_parser(name, help=text)
         _add(sub, COMMON_FLAGS | flags)
         sub.add_argument("--trace", dest="trace", action="store_true", default=argparse.SUPPRESS,
                          help="OpenTelemetry spans (the 'trace' extra; exporter from OTEL_* variables)")
+        if name in ("serve", "scaler"):
+            _add(sub, POOL_FLAGS)
         if name == "worker":
-            sub.add_argument("--model", required=True, help="model name in the repository")
+            served = sub.add_mutually_exclusive_group(required=True)
+            served.add_argument("--model", help="model name in the repository")
+            served.add_argument("--pool", action="store_true",
+                                help="a warm-pool process: prepare, then serve the model the scaler names")
     status = commands.add_parser("status", help="live view of models, workers, queues (Ctrl-C ends)")
     status.add_argument("--redis-url", required=True, help="the Redis the gateways and workers use")
     status.add_argument("--once", action="store_true", help="print one snapshot and exit")
     status.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+    _add_tool_commands(commands)
     return parser
+
+
+def _add_tool_commands(commands) -> None:
+    """``deploy`` and ``k8s render``: client-side tools, no server, no Redis."""
+    tool_flags = {flag: COMMON_FLAGS[flag] for flag in ("--model-repository", "--log-level")}
+    deploy = commands.add_parser("deploy", help="validate a model folder, then upload it to the repository")
+    deploy.add_argument("model_dir", metavar="MODEL_DIR", help="the model folder (config.pbtxt, 1/, 2/, ...)")
+    _add(deploy, tool_flags)
+    deploy.add_argument("--name", help="the model's name in the repository (default: the folder's name)")
+    deploy.add_argument("--load-check", action="store_true",
+                        help="also load each version with its backend and run it once on zeros")
+    k8s = commands.add_parser("k8s", help="Kubernetes manifests")
+    k8s = k8s.add_subparsers(dest="k8s_command", required=True)
+    render = k8s.add_parser("render", help="write per-model worker Deployments and KEDA ScaledObjects")
+    _add(render, tool_flags)
+    render.add_argument("--out", required=True, type=pathlib.Path, help="folder the manifests are written to")
+    render.add_argument("--image-worker", default="naiad-worker:latest", help="worker container image")
+    render.add_argument("--namespace", default="naiad", help="Kubernetes namespace of the objects")
+    render.add_argument("--redis-address", default="redis:6379",
+                        help="host:port of Redis as seen from the pods (KEDA's address format)")
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -127,6 +170,23 @@ def _gateway_runner(settings: Settings, redis_url: str):
     return lambda stop: run_gateway(settings, redis_url, stop)
 
 
+def _serve_runner(settings: Settings, redis_url: str):
+    """Gateway and scaler, stopped in that order: the gateway first drains its in-flight
+    requests while their workers still run, then the scaler stops the workers (drain)."""
+    gateway, scaler = _gateway_runner(settings, redis_url), _scaler_runner(settings, redis_url)
+
+    async def run(stop: asyncio.Event) -> None:
+        gateway_done = asyncio.Event()
+        scaling = asyncio.create_task(scaler(gateway_done))
+        try:
+            await gateway(stop)
+        finally:
+            gateway_done.set()
+            await scaling
+
+    return run
+
+
 def cmd_serve(settings: Settings, with_gateway: bool = True, with_scaler: bool = True) -> int:
     from naiad.redis_server import EmbeddedRedis  # noqa: PLC0415
 
@@ -135,11 +195,12 @@ def cmd_serve(settings: Settings, with_gateway: bool = True, with_scaler: bool =
         return 2
     with contextlib.ExitStack() as stack:
         redis_url = settings.redis_url or stack.enter_context(EmbeddedRedis()).url
-        runners = []
-        if with_scaler:
-            runners.append(_scaler_runner(settings, redis_url))
-        if with_gateway:
-            runners.append(_gateway_runner(settings, redis_url))
+        if with_gateway and with_scaler:
+            runners = [_serve_runner(settings, redis_url)]
+        elif with_scaler:
+            runners = [_scaler_runner(settings, redis_url)]
+        else:
+            runners = [_gateway_runner(settings, redis_url)]
         try:
             asyncio.run(_until_signal(*runners))
         except OSError as exc:  # a port already taken, an address that cannot be bound
@@ -155,6 +216,78 @@ def cmd_worker(settings: Settings, model: str) -> int:
         print("naiad worker: --redis-url is required", file=sys.stderr)
         return 2
     return asyncio.run(Worker(settings, model, settings.redis_url).run())
+
+
+def parse_worker_command(argv: Sequence[str]) -> tuple[Settings, str]:
+    """The settings and model of a ``worker --model M ...`` command line (without the
+    interpreter): what a warm-pool process is told to run when it is claimed."""
+    args = build_parser().parse_args(list(argv))
+    if args.command != "worker" or not args.model:
+        raise ValueError(f"not a 'worker --model' command: {list(argv)!r}")
+    return _settings(args), args.model
+
+
+def cmd_pool_worker(settings: Settings) -> int:
+    """``naiad worker --pool``: see :mod:`workers.warm_pool`."""
+    from workers import warm_pool  # noqa: PLC0415
+
+    if not settings.redis_url:
+        print("naiad worker: --redis-url is required", file=sys.stderr)
+        return 2
+    return asyncio.run(warm_pool.serve_claim(settings, parse_worker_command))
+
+
+def cmd_deploy(args: argparse.Namespace, settings: Settings) -> int:
+    """``naiad deploy``: validate (nothing is uploaded unless it passes), then upload only
+    new or changed files with a progress bar. Exit 1 with a message on any problem."""
+    from naiad.errors import NaiadError  # noqa: PLC0415
+    from repository_store import open_store  # noqa: PLC0415
+    from repository_store.deploy import plan_upload, upload, validate_model_dir  # noqa: PLC0415
+
+    try:
+        load_check = None
+        if args.load_check:
+            from workers.load_check import load_check  # noqa: PLC0415
+        model = validate_model_dir(args.model_dir, args.name, load_check)
+        store = open_store(settings.model_repository)
+        store.check()
+        plan = plan_upload(model, store)
+        if plan.uploads or plan.folders:
+            _upload_with_progress(plan, store, upload)
+    except (NaiadError, ImportError) as exc:
+        print(f"naiad deploy: {getattr(exc, 'message', exc)}", file=sys.stderr)
+        return 1
+    print(f"deployed '{model.name}' (versions {', '.join(map(str, model.versions))}) to {store.uri}: "
+          f"{len(plan.uploads)} files uploaded, {len(plan.unchanged)} unchanged")
+    return 0
+
+
+def _upload_with_progress(plan, store, upload) -> None:
+    import rich.progress as rp  # noqa: PLC0415
+    from rich.console import Console  # noqa: PLC0415
+
+    columns = (rp.TextColumn("{task.description}"), rp.BarColumn(), rp.DownloadColumn(),
+               rp.TransferSpeedColumn(), rp.TimeRemainingColumn())
+    with rp.Progress(*columns, console=Console(stderr=True)) as progress:
+        task = progress.add_task(f"uploading {plan.model.name}", total=plan.total_bytes)
+        upload(plan, store, lambda n: progress.advance(task, n),
+               lambda rel: progress.update(task, description=f"{plan.model.name}/{rel}"))
+
+
+def cmd_k8s_render(args: argparse.Namespace, settings: Settings) -> int:
+    """``naiad k8s render``: one manifest file per model of the repository."""
+    from naiad.errors import RepositoryError  # noqa: PLC0415
+    from naiad.k8s import RenderOptions, render_repository  # noqa: PLC0415
+
+    options = RenderOptions(settings.model_repository, args.image_worker, args.namespace, args.redis_address)
+    try:
+        written = render_repository(options, args.out, settings)
+    except RepositoryError as exc:
+        print(f"naiad k8s render: {exc.message}", file=sys.stderr)
+        return 1
+    for name, path in written.items():
+        print(f"{name}: {path}")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -177,12 +310,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RuntimeError as exc:  # --trace without the 'trace' extra, a bad OTEL_TRACES_EXPORTER
         parser.error(str(exc))
     try:
+        if args.command == "deploy":
+            return cmd_deploy(args, settings)
+        if args.command == "k8s":
+            return cmd_k8s_render(args, settings)
         if args.command == "serve":
             return cmd_serve(settings)
         if args.command == "gateway":
             return cmd_serve(settings, with_scaler=False)
         if args.command == "scaler":
             return cmd_serve(settings, with_gateway=False)
+        if args.pool:
+            return cmd_pool_worker(settings)
         return cmd_worker(settings, args.model)
     finally:
         tracing.shutdown()  # flushes spans not yet exported

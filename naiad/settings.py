@@ -54,20 +54,50 @@ class Settings(BaseSettings):
     """Server default for how long a request may wait for its answer, cold start included,
     when the request sets no ``timeout`` parameter."""
 
+    shutdown_grace_s: float = Field(default=30.0, ge=0)
+    """Seconds a stopping gateway (SIGTERM/SIGINT) gives its in-flight requests to finish
+    after it stopped accepting (aiohttp's ``shutdown_timeout``, gRPC's grace); then they are
+    cancelled. ``naiad serve`` stops its workers only after that (``--shutdown-grace``)."""
+
     heartbeat_s: float = 2.0
     """Seconds between a worker's heartbeats; a worker silent for 3 of them counts as dead."""
 
     scaler_tick_s: float = 1.0
     """Seconds between the scaler's checks of every model's backlog (wake-ups are immediate)."""
 
-    max_workers_per_model: int = 1
-    """Most worker processes the local scaler runs for one model."""
+    max_workers_per_model: int = Field(default=4, ge=1)
+    """Most worker processes the local scaler runs for one model (``--max-workers``; per
+    model: the config parameter ``naiad.max_workers``)."""
+
+    min_workers: int = Field(default=0, ge=0)
+    """Workers kept up per model even when idle (``--min-workers``; per model:
+    ``naiad.min_workers``). 0: models scale to zero."""
+
+    target_inflight: int = Field(default=8, ge=1)
+    """Requests, queued or running, one worker is meant to carry: the scaler wants
+    ``ceil(stream length / target_inflight)`` workers (``--target-inflight``; per model:
+    ``naiad.target_inflight``)."""
+
+    scale_down_period_s: float = Field(default=30.0, ge=0)
+    """Seconds the scaler waits after its last start or stop of a model's worker before it
+    stops one more (``--scale-down-period``): scale-down is one worker per period, never
+    below ``max(min_workers, 1)``; the last one leaves on its own idle timeout."""
 
     cache_dir: Path = Field(default_factory=lambda: Path.home() / ".cache" / "naiad" / "models")
     """Worker-side local copy of pulled model versions, shared by the workers of a machine."""
 
     cache_max_bytes: int = 10 * 1024**3
     """Size cap of ``cache_dir`` in bytes; least recently used versions go first."""
+
+    warm_pool_size: int = Field(default=1, ge=0)
+    """Generic worker processes the local scaler keeps started ahead of need (interpreter up,
+    frameworks imported, connected to Redis, no model yet); a cold start claims one and pays
+    only the model load (``--warm-pool-size``; 0: every cold start spawns a bare process)."""
+
+    warm_pool_idle_timeout_s: float | None = Field(default=None, gt=0)
+    """Seconds without any cold start after which the warm pool shrinks to zero processes;
+    the next cold start (a bare process) refills it (``--warm-pool-idle-timeout``; None:
+    never shrinks)."""
 
     response_cache_enabled: bool = True
     """Server side of Triton's response cache: models whose config says

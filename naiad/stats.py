@@ -9,7 +9,10 @@ HINCRBY inside a pipeline the caller already sends (recording costs no extra rou
 - ``<v>:fail:<reason>_count`` and ``..._ns`` per reason of :data:`FAILURE_REASONS` (the
   extension's ``fail`` is their sum; the metrics endpoint shows them by ``reason``);
 - ``<v>:batch:<rows>:<phase>_count`` and ``..._ns`` for each phase of :data:`PHASES`;
-- ``<v>:last_inference_ms``: Unix milliseconds of the last inference (HSET, not added).
+- ``<v>:last_inference_ms``: Unix milliseconds of the last inference (HSET, not added);
+- ``<v>:duration_bucket:<le>``: successful requests by duration, a histogram over
+  :data:`REQUEST_BUCKETS_S` (:mod:`naiad.histogram`; Triton keeps no percentiles, Naiad's
+  status views and ``naiad_request_duration_seconds`` need them).
 
 Who records what follows Triton (docs/protocol/extension_statistics.md): a worker records
 each batch it executed successfully (:func:`add_execution`: queue time per request, the
@@ -30,11 +33,17 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
-from naiad import keys
+from naiad import histogram, keys
 from naiad.errors import DeadlineExceeded, InferenceFailed
+from naiad.histogram import Histogram
 
 #: Phases a worker times per executed batch (``inference_stats`` and ``batch_stats``).
 PHASES = ("compute_input", "compute_infer", "compute_output")
+
+#: Upper bounds (seconds) of the request-duration histogram (``<v>:duration_bucket:<le>``),
+#: from which status views estimate p50/p99 and the metrics port exports
+#: ``naiad_request_duration_seconds``.
+REQUEST_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 #: Every duration of Triton's ``inference_stats``, in its order.
 DURATIONS = ("success", "fail", "queue", *PHASES, "cache_hit", "cache_miss")
 #: Triton's failure reasons (label ``reason`` of ``nv_inference_request_failure``).
@@ -95,10 +104,17 @@ def add_request(
     key, v = keys.stats(model), f"{version}:"
     if ok:
         _incr(pipe, key, v, "success", 1, duration_ns)
+        pipe.hincrby(key, histogram.field(f"{v}duration_bucket:", REQUEST_BUCKETS_S, duration_ns / 1e9), 1)
     else:
         _incr(pipe, key, f"{v}fail:", reason if reason in FAILURE_REASONS else "OTHER", 1, duration_ns)
     if not ok:  # a success's worker already stamped it; a failure may never reach one
         pipe.hset(key, f"{v}last_inference_ms", now_ms)
+
+
+def request_durations(counters: dict[str, int], version: int) -> Histogram:
+    """Successful requests' durations (seconds) of ``version``, as a histogram."""
+    total = counters.get(f"{version}:success_ns", 0) / 1e9
+    return histogram.read(counters, f"{version}:duration_bucket:", REQUEST_BUCKETS_S, total)
 
 
 def add_cache(pipe: Pipeline, model: str, version: int, hit: bool, duration_ns: int) -> None:

@@ -13,9 +13,10 @@ gets a ``state``:
 - ``idle``: workers up, nothing for that long (they exit after ``--idle-timeout``);
 - ``unavailable``: the registry entry is not READY (``reason`` says why).
 
-Latency is the mean over successful requests (their summed duration over their count, both
-from Triton's statistics): Naiad keeps no per-request latency histogram, so no percentile is
-claimed. :func:`run_status` draws the snapshot with ``rich`` (a table, refreshed in place).
+Latency percentiles (p50, p99) are estimated from the request-duration histogram the
+gateway keeps per model version (:data:`naiad.stats.REQUEST_BUCKETS_S`), by linear
+interpolation within a bucket as Prometheus's ``histogram_quantile`` does; the mean comes
+from Triton's statistics (summed duration over count). :func:`run_status` draws the snapshot with ``rich`` (a table, refreshed in place).
 """
 
 from __future__ import annotations
@@ -73,6 +74,8 @@ def _model_row(
         "inferences": sum(s["inference_count"] for s in tele.stats),
         "executions": sum(s["execution_count"] for s in tele.stats),
         "avg_latency_ms": success_ns / success / 1e6 if success else None,
+        "p50_ms": _ms(tele.request_durations.quantile(0.5)),
+        "p99_ms": _ms(tele.request_durations.quantile(0.99)),
         "cache_hits": hits,
         "cache_misses": misses,
         "cache_hit_ratio": _ratio(hits, hits + misses),
@@ -80,6 +83,10 @@ def _model_row(
         "cold_start_avg_s": cold.sum / cold.count if cold.count else None,
         "last_inference_ms": last_ms,
     }
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1e3
 
 
 async def _in_flight(redis: Redis, names: list[str]) -> list[int]:
@@ -110,7 +117,7 @@ async def status_snapshot(redis: Redis) -> dict[str, Any]:
 COLUMNS = (
     ("model", "name"), ("state", "state"), ("versions", "versions"), ("workers", "workers"),
     ("queue", "queue"), ("in flight", "in_flight"), ("ok", "success"), ("failed", "failure"),
-    ("avg latency", "avg_latency_ms"), ("cache hits", "cache_hit_ratio"),
+    ("p50", "p50_ms"), ("p99", "p99_ms"), ("cache hits", "cache_hit_ratio"),
     ("cold starts", "cold_starts"), ("avg cold start", "cold_start_avg_s"),
 )  # fmt: skip
 
@@ -123,7 +130,7 @@ def cell(row: dict[str, Any], key: str) -> str:
         return ",".join(value) or "-"
     if value is None:
         return "-"
-    if key == "avg_latency_ms":
+    if key in ("avg_latency_ms", "p50_ms", "p99_ms"):
         return f"{value:.1f} ms"
     if key == "cold_start_avg_s":
         return f"{value:.2f} s"
@@ -135,7 +142,8 @@ def cell(row: dict[str, Any], key: str) -> str:
 #: What the columns mean where the header cannot say it.
 CAPTION = (
     "queue: requests not answered yet (in flight: claimed by a worker); "
-    "avg latency: mean of successful requests (no percentiles are kept)"
+    "p50/p99: latency of successful requests at the gateway, estimated from a histogram "
+    "(interpolated within its buckets, as Prometheus's histogram_quantile)"
 )
 STYLES = {"asleep": "dim", "waking": "yellow", "busy": "bold green", "idle": "green", "unavailable": "red"}
 

@@ -6,10 +6,13 @@ HINCRBY in a pipeline the caller sends:
 
 - ``cold_start_count``, ``cold_start_us`` (sum) and ``cold_start_bucket:<le>``: one per worker
   that became ready to read its queue (:func:`add_cold_start`, from the worker: process
-  start → ready), counted in the first bucket of :data:`COLD_START_BUCKETS_S` that holds it
-  (``+Inf`` past the last), so a reader can build a Prometheus histogram;
+  start → ready, or for a warm-pool process claim → ready), counted in the first bucket of
+  :data:`COLD_START_BUCKETS_S` that holds it (``+Inf`` past the last), so a reader can build
+  a Prometheus histogram; ``warm_pool_claims``: those served by a warm-pool process;
 - ``download_bytes`` and ``download_us``: versions a worker pulled from the repository
   (:func:`add_download`; a version found in the local cache adds nothing);
+- ``load_count`` and ``load_us``: versions a worker loaded into its backend from the local
+  folder, after the pull (:func:`add_load`);
 - ``scaler:<action>``: the local scaler's decisions (:func:`add_scaler_decision`; ``start``).
 
 Reading: :func:`snapshot` returns, per model, its statistics counters (:mod:`naiad.stats`),
@@ -19,7 +22,6 @@ models. The metrics endpoint renders it; status views can use it as it is (no tr
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,23 +30,22 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
-from naiad import keys, stats
+from naiad import histogram, keys, stats
+from naiad.histogram import Histogram
 
 #: Upper bounds (seconds) of the cold-start histogram's buckets.
-COLD_START_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+COLD_START_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
-def _bucket(seconds: float) -> str:
-    bound = next((b for b in COLD_START_BUCKETS_S if seconds <= b), math.inf)
-    return f"cold_start_bucket:{'+Inf' if bound == math.inf else format(bound, 'g')}"
-
-
-def add_cold_start(pipe: Pipeline, model: str, seconds: float) -> None:
-    """Queue one cold start of ``model`` that took ``seconds`` (process start → ready)."""
+def add_cold_start(pipe: Pipeline, model: str, seconds: float, warm_pool: bool = False) -> None:
+    """Queue one cold start of ``model`` that took ``seconds`` (process start → ready, or
+    claim → ready when ``warm_pool``: a warm-pool process served it)."""
     key = keys.lifecycle(model)
     pipe.hincrby(key, "cold_start_count", 1)
     pipe.hincrby(key, "cold_start_us", max(0, round(seconds * 1e6)))
-    pipe.hincrby(key, _bucket(seconds), 1)
+    pipe.hincrby(key, histogram.field("cold_start_bucket:", COLD_START_BUCKETS_S, seconds), 1)
+    if warm_pool:
+        pipe.hincrby(key, "warm_pool_claims", 1)
 
 
 def add_download(pipe: Pipeline, model: str, nbytes: int, seconds: float) -> None:
@@ -54,22 +55,16 @@ def add_download(pipe: Pipeline, model: str, nbytes: int, seconds: float) -> Non
     pipe.hincrby(key, "download_us", max(0, round(seconds * 1e6)))
 
 
+def add_load(pipe: Pipeline, model: str, seconds: float) -> None:
+    """Queue one load of a version of ``model`` into its backend, from the local folder."""
+    key = keys.lifecycle(model)
+    pipe.hincrby(key, "load_count", 1)
+    pipe.hincrby(key, "load_us", max(0, round(seconds * 1e6)))
+
+
 def add_scaler_decision(pipe: Pipeline, model: str, action: str) -> None:
     """Queue one decision of the scaler about ``model`` (``start``: it started a worker)."""
     pipe.hincrby(keys.lifecycle(model), f"scaler:{action}", 1)
-
-
-@dataclass(frozen=True)
-class Histogram:
-    """A cumulative histogram: ``buckets`` are (upper bound, observations <= bound), the last
-    bound ``inf``; ``count`` (the last bucket's count) and ``sum`` of the observations."""
-
-    buckets: list[tuple[float, int]]
-    sum: float
-
-    @property
-    def count(self) -> int:
-        return self.buckets[-1][1]
 
 
 @dataclass(frozen=True)
@@ -88,9 +83,14 @@ class ModelTelemetry:
     queue_depth: int
     workers: int
     cold_starts: Histogram
+    request_durations: Histogram
+    """Successful requests' durations (seconds) as the gateway saw them, all versions."""
     download_bytes: int
     download_seconds: float
     scaler_decisions: dict[str, int] = field(default_factory=dict)
+    loads: int = 0
+    load_seconds: float = 0.0
+    warm_pool_claims: int = 0
 
 
 def _decode(raw: dict[bytes, bytes]) -> dict[str, int]:
@@ -98,13 +98,9 @@ def _decode(raw: dict[bytes, bytes]) -> dict[str, int]:
 
 
 def cold_starts(lifecycle: dict[str, int]) -> Histogram:
-    """The cold-start histogram from a decoded lifecycle hash."""
-    bounds = [*COLD_START_BUCKETS_S, math.inf]
-    running, buckets = 0, []
-    for bound in bounds:
-        running += lifecycle.get(_bucket(bound), 0)
-        buckets.append((bound, running))
-    return Histogram(buckets, lifecycle.get("cold_start_us", 0) / 1e6)
+    """The cold-start histogram (seconds) from a decoded lifecycle hash."""
+    total = lifecycle.get("cold_start_us", 0) / 1e6
+    return histogram.read(lifecycle, "cold_start_bucket:", COLD_START_BUCKETS_S, total)
 
 
 def model_telemetry(
@@ -119,8 +115,14 @@ def model_telemetry(
         queue_depth=queue_depth,
         workers=workers,
         cold_starts=cold_starts(lifecycle),
+        request_durations=histogram.merge(
+            [stats.request_durations(counters, version) for version in versions or [0]]
+        ),
         download_bytes=lifecycle.get("download_bytes", 0),
         download_seconds=lifecycle.get("download_us", 0) / 1e6,
+        loads=lifecycle.get("load_count", 0),
+        load_seconds=lifecycle.get("load_us", 0) / 1e6,
+        warm_pool_claims=lifecycle.get("warm_pool_claims", 0),
         scaler_decisions={
             f.removeprefix("scaler:"): n for f, n in sorted(lifecycle.items()) if f.startswith("scaler:")
         },

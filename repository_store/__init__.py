@@ -12,7 +12,14 @@ from repository_store.config import (
     select_versions,
     validate_config,
 )
-from repository_store.index import READY, UNAVAILABLE, ModelEntry, index_model, index_repository
+from repository_store.index import (
+    READY,
+    UNAVAILABLE,
+    ModelEntry,
+    index_model,
+    index_models,
+    index_repository,
+)
 from repository_store.store import (
     CONFIG_FILENAME,
     FileInfo,
@@ -41,6 +48,7 @@ __all__ = [
     "config_to_json",
     "default_model_filename",
     "index_model",
+    "index_models",
     "index_repository",
     "open_store",
     "parse_config",

@@ -98,6 +98,15 @@ def index_repository(store: RepositoryStore) -> dict[str, ModelEntry]:
     return {name: _index(store, name) for name in store.list_models()}
 
 
+def index_models(store: RepositoryStore, names: list[str]) -> dict[str, ModelEntry]:
+    """Index the models ``names`` only (a poll's changed models), by name. A name whose
+    folder has just gone comes back UNAVAILABLE, never as an exception.
+
+    :raises RepositoryError: the store cannot be read.
+    """
+    return {name: _index(store, name) for name in sorted(names)}
+
+
 def _index(store: RepositoryStore, name: str, override: ModelConfig | None = None) -> ModelEntry:
     available = store.list_versions(name)
     try:

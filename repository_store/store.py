@@ -15,11 +15,12 @@ from __future__ import annotations
 import abc
 import contextlib
 import errno
+import hashlib
 import os
 import pathlib
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import boto3
@@ -136,6 +137,32 @@ class RepositoryStore(abc.ABC):
     def model_exists(self, model: str) -> bool:
         """True when a folder named ``model`` exists under the root."""
 
+    @abc.abstractmethod
+    def list_model_files(self, model: str) -> list[FileInfo]:
+        """Every file under ``<model>/`` (config, labels, version files), paths relative to
+        the model folder, sorted; [] for an absent model. Folder markers are not files."""
+
+    @abc.abstractmethod
+    def fingerprints(self) -> dict[str, str]:
+        """Every model folder's fingerprint, from **one** listing of the whole repository
+        (local: one walk with ``stat``; S3: ``list_objects_v2`` paged over the prefix): a hex
+        digest of the sorted (path, ETag, size) list of everything under the folder, so it
+        changes when any file (or empty folder) is added, removed or rewritten. Keys are the
+        names :meth:`list_models` returns."""
+
+    @abc.abstractmethod
+    def put_file(
+        self, model: str, path: str, source: pathlib.Path, progress: Callable[[int], None] | None = None
+    ) -> None:
+        """Write local file ``source`` to ``<model>/<path>``, whole or not at all (a reader
+        never sees part of it); ``progress(n)`` is called with each chunk's byte count. A
+        local repository keeps the source's modification time."""
+
+    @abc.abstractmethod
+    def make_folder(self, model: str, path: str) -> None:
+        """Create the (empty) folder ``<model>/<path>/`` (on S3, a ``path/`` marker object),
+        e.g. an ensemble's version folder that holds no file."""
+
 
 class LocalStore(RepositoryStore):
     """A repository in a local folder."""
@@ -193,6 +220,40 @@ class LocalStore(RepositoryStore):
     def model_exists(self, model: str) -> bool:
         return self._model_dir(model).is_dir()
 
+    def list_model_files(self, model: str) -> list[FileInfo]:
+        folder = self._model_dir(model)
+        if not folder.is_dir():
+            return []
+        with _os_errors(f"listing {model}"):
+            return sorted(_walk(folder), key=lambda info: info.path)
+
+    def fingerprints(self) -> dict[str, str]:
+        with _os_errors(f"listing {self.uri}"):
+            if not self.root.is_dir():
+                raise RepositoryError(f"model repository {self.uri} is not a readable folder")
+            models = [e.name for e in os.scandir(self.root) if e.is_dir() and _is_model_name(e.name)]
+            return {name: _digest(_walk(self.root / name, folders=True)) for name in sorted(models)}
+
+    def put_file(
+        self, model: str, path: str, source: pathlib.Path, progress: Callable[[int], None] | None = None
+    ) -> None:
+        dest = self._model_dir(model).joinpath(*_validate_relpath(path))
+        aside = dest.with_name(f".{dest.name}.naiad-upload")
+        with _os_errors(f"writing {model}/{path}"):
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            with open(source, "rb") as reader, open(aside, "wb") as writer:
+                while chunk := reader.read(1 << 20):
+                    writer.write(chunk)
+                    if progress is not None:
+                        progress(len(chunk))
+            stat = source.stat()  # keep the mtime: rsync's quick check (size, mtime) finds it unchanged
+            os.utime(aside, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+            os.replace(aside, dest)  # atomic: a poll sees the old file or the whole new one
+
+    def make_folder(self, model: str, path: str) -> None:
+        with _os_errors(f"creating {model}/{path}"):
+            self._model_dir(model).joinpath(*_validate_relpath(path)).mkdir(parents=True, exist_ok=True)
+
     def _model_dir(self, model: str) -> pathlib.Path:
         """The model's folder; :class:`RepositoryError` if the root itself is gone."""
         folder = self.root / validate_model_name(model)
@@ -201,9 +262,15 @@ class LocalStore(RepositoryStore):
         return folder
 
 
-def _walk(folder: pathlib.Path) -> Iterator[FileInfo]:
-    for dirpath, _dirs, files in os.walk(folder, followlinks=True):
+def _walk(folder: pathlib.Path, folders: bool = False) -> Iterator[FileInfo]:
+    """Files under ``folder`` (and, with ``folders``, each empty subfolder as ``path/``)."""
+    for dirpath, dirs, files in os.walk(folder, followlinks=True):
+        if folders and not dirs and not files and dirpath != str(folder):
+            rel = pathlib.Path(dirpath).relative_to(folder).as_posix()
+            yield FileInfo(path=rel + "/", size=0, etag="")
         for filename in files:
+            if filename.endswith(".naiad-upload"):  # a deploy's file not yet in place
+                continue
             full = pathlib.Path(dirpath, filename)
             try:
                 stat = full.stat()
@@ -211,6 +278,12 @@ def _walk(folder: pathlib.Path) -> Iterator[FileInfo]:
                 continue
             rel = full.relative_to(folder).as_posix()
             yield FileInfo(path=rel, size=stat.st_size, etag=f"{stat.st_mtime_ns}-{stat.st_size}")
+
+
+def _digest(infos: Iterable[FileInfo]) -> str:
+    """Fingerprint of a model folder: SHA-256 of its sorted (path, etag, size) lines."""
+    lines = sorted(f"{info.path}\0{info.etag}\0{info.size}" for info in infos)
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 
 @contextlib.contextmanager
@@ -294,6 +367,32 @@ class S3Store(RepositoryStore):
             reply = self.client.list_objects_v2(Bucket=self.bucket, Prefix=folder, MaxKeys=1)
         return reply.get("KeyCount", 0) > 0
 
+    def list_model_files(self, model: str) -> list[FileInfo]:
+        folder = self._key(validate_model_name(model)) + "/"
+        infos = [_info(obj, folder) for obj in self._objects(folder) if not obj["Key"].endswith("/")]
+        return sorted(infos, key=lambda info: info.path)
+
+    def fingerprints(self) -> dict[str, str]:
+        root = self._key() + "/" if self.prefix else ""
+        grouped: dict[str, list[FileInfo]] = {}
+        for obj in self._objects(root):
+            name, sep, _rest = obj["Key"][len(root) :].partition("/")
+            if sep and _is_model_name(name):
+                grouped.setdefault(name, []).append(_info(obj, f"{root}{name}/"))
+        return {name: _digest(infos) for name, infos in sorted(grouped.items())}
+
+    def put_file(
+        self, model: str, path: str, source: pathlib.Path, progress: Callable[[int], None] | None = None
+    ) -> None:
+        key = self._key(validate_model_name(model), *_validate_relpath(path))
+        with _s3_errors(self, f"uploading {model}/{path}"):
+            self.client.upload_file(str(source), self.bucket, key, Callback=progress)
+
+    def make_folder(self, model: str, path: str) -> None:
+        key = self._key(validate_model_name(model), *_validate_relpath(path)) + "/"
+        with _s3_errors(self, f"creating {model}/{path}/"):
+            self.client.put_object(Bucket=self.bucket, Key=key, Body=b"")
+
     def _key(self, *parts: str) -> str:
         return "/".join(p for p in (self.prefix, *parts) if p)
 
@@ -313,6 +412,11 @@ class S3Store(RepositoryStore):
         paginator = self.client.get_paginator("list_objects_v2")
         with _s3_errors(self, f"listing {kwargs.get('Prefix') or '/'}"):
             yield from paginator.paginate(Bucket=self.bucket, **kwargs)
+
+
+def _info(obj: dict, folder: str) -> FileInfo:
+    """A listed S3 object as a :class:`FileInfo` relative to ``folder``."""
+    return FileInfo(path=obj["Key"][len(folder) :], size=obj["Size"], etag=obj["ETag"].strip('"'))
 
 
 class _NoSuchKey(RepositoryError):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 
 from tritonclient.grpc import model_config_pb2 as mc
 
@@ -30,17 +31,30 @@ def device_for(config: mc.ModelConfig) -> str:
     return "cpu" if kinds == {mc.ModelInstanceGroup.KIND_CPU} else "cuda"
 
 
-class VersionLoader:
-    """The versions of one model this worker has loaded, by version number."""
+@dataclass(frozen=True)
+class VersionLoad:
+    """How long one version took to become servable: ``pull_s`` (the local cache's check,
+    plus the download when it was not there) and ``load_s`` (the backend's load)."""
 
-    def __init__(self, settings: Settings, model: str):
+    version: int
+    pull_s: float
+    load_s: float
+
+
+class VersionLoader:
+    """The versions of one model this worker has loaded, by version number. ``store``: the
+    repository already opened (a warm-pool process opens it before its claim), else opened
+    by :meth:`start`."""
+
+    def __init__(self, settings: Settings, model: str, store: RepositoryStore | None = None):
         self.settings = settings
         self.model = model
         self.cache = ModelCache(settings.cache_dir, settings.cache_max_bytes)
-        self.store: RepositoryStore | None = None
+        self.store = store
         self.entry: ModelEntry | None = None
         self._runners: dict[int, ModelRunner] = {}
         self._pulls: list[PullStats] = []
+        self._loads: list[VersionLoad] = []
         self._lock = asyncio.Lock()
 
     async def start(self, entry: ModelEntry | None = None) -> ModelEntry:
@@ -50,7 +64,8 @@ class VersionLoader:
 
         Raises :class:`ModelNotReady` when the entry or the repository says it is not ready.
         """
-        self.store = await asyncio.to_thread(open_store, self.settings.model_repository)
+        if self.store is None:
+            self.store = await asyncio.to_thread(open_store, self.settings.model_repository)
         if entry is None:
             entry = await asyncio.to_thread(index_model, self.store, self.model)
         self.entry = entry
@@ -75,6 +90,11 @@ class VersionLoader:
         pulls, self._pulls = self._pulls, []
         return pulls
 
+    def take_loads(self) -> list[VersionLoad]:
+        """The versions loaded since the last call, with their pull and load times."""
+        loads, self._loads = self._loads, []
+        return loads
+
     def _load(self, version: int) -> ModelRunner:
         assert self.entry is not None and self.entry.config is not None and self.store
         if version not in self.entry.versions:
@@ -85,8 +105,10 @@ class VersionLoader:
         if self.cache.last_pull is not None and self.cache.last_pull.downloaded:
             self._pulls.append(self.cache.last_pull)
         backend = load_backend(folder, self.entry.config, device_for(self.entry.config))
+        loaded = time.perf_counter()
+        self._loads.append(VersionLoad(version, pulled - started, loaded - pulled))
         logger.info(
             "model '%s' version %d: pulled in %.3f s, loaded in %.3f s",
-            self.model, version, pulled - started, time.perf_counter() - pulled,
+            self.model, version, pulled - started, loaded - pulled,
         )
         return ModelRunner(self.entry.config, backend)

@@ -1,10 +1,12 @@
-"""The local scaler: starts ``naiad worker`` processes for models with a backlog, reaps them.
+"""The local scaler: starts and stops ``naiad worker`` processes per model, reaps them.
 
 It blocks on :data:`naiad.keys.SCALER_WAKE` (a gateway pushes a model name there when a
 request finds no live worker), so a cold start begins within one round trip; every
-``scaler_tick_s`` it also checks each registered model's stream length, which catches
-requests that raced a worker's idle exit. Workers leave by themselves after their idle
-timeout (scale to zero). On Kubernetes KEDA takes this role; the worker code is the same.
+``scaler_tick_s`` it also reads each registered model's stream length and live workers and
+applies the model's policy (:mod:`workers.scaling`: every missing worker started at once, one
+stopped per ``scale_down_period_s`` at most, by SIGTERM, so it drains). Workers leave by
+themselves after their idle timeout (scale to zero), never below the model's
+``min_workers``. On Kubernetes KEDA takes this role; the worker code is the same.
 """
 
 from __future__ import annotations
@@ -12,15 +14,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 from redis.exceptions import RedisError
 
 from naiad import keys, procs, telemetry
 from naiad.redis_client import connect
 from naiad.settings import Settings
+from repository_store import ModelEntry
+from workers import scaling
+from workers.warm_pool import WarmPool, pool_command
+
+#: Wake-ups taken from the list in one go after the blocking pop (a burst of requests to a
+#: model at zero pushes one each; one reconciliation answers them all).
+WAKE_BATCH = 1000
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +44,11 @@ class LocalScaler:
         self.redis_url = redis_url
         self.redis = connect(redis_url, longest_block_s=settings.scaler_tick_s)
         self.processes: dict[str, list[subprocess.Popen]] = {}
+        self.draining: list[subprocess.Popen] = []  # told to stop (SIGTERM), not yet reaped
+        self._policies: dict[str, scaling.ScalingPolicy] = {}
+        self._registry_generation: bytes | None = None
+        self._changed_at: dict[str, float] = {}  # monotonic time of the last start/stop
+        self.pool = WarmPool(settings, pool_command(settings, redis_url, self.log_flags()))
 
     def worker_command(self, model: str) -> list[str]:
         return [
@@ -41,6 +57,7 @@ class LocalScaler:
             "--model-repository", self.settings.model_repository,
             "--redis-url", self.redis_url,
             "--idle-timeout", str(self.settings.idle_timeout_s),
+            "--min-workers", str(self.settings.min_workers),
             "--log-level", self.settings.log_level,
             "--cache-dir", str(self.settings.cache_dir),
             *self.log_flags(),
@@ -58,11 +75,13 @@ class LocalScaler:
 
     async def run(self) -> None:
         """Scale until cancelled; then stop every worker it started (SIGTERM, drain)."""
+        self.pool.start()
         try:
             while True:
                 woken = await self._wait_for_wake()
                 await self._reconcile(woken)
         finally:
+            await self.pool.close()
             await asyncio.to_thread(self.stop_all)
             await self.redis.aclose()
 
@@ -73,7 +92,13 @@ class LocalScaler:
             logger.warning("scaler cannot reach redis: %s", exc)
             await asyncio.sleep(self.settings.scaler_tick_s)
             return set()
-        return {item[1].decode()} if item else set()
+        if not item:
+            return set()
+        try:
+            more = await self.redis.lpop(keys.SCALER_WAKE, WAKE_BATCH) or []
+        except RedisError:
+            more = []
+        return {item[1].decode(), *(name.decode() for name in more)}
 
     def _alive(self, model: str) -> int:
         running = [p for p in self.processes.get(model, []) if p.poll() is None]
@@ -82,7 +107,8 @@ class LocalScaler:
 
     async def _reconcile(self, woken: set[str]) -> None:
         try:
-            names = sorted({n.decode() for n in await self.redis.hkeys(keys.REGISTRY)} | woken)
+            await self._refresh_policies()
+            names = sorted(set(self._policies) | woken)
             now = time.time()
             async with self.redis.pipeline(transaction=False) as pipe:
                 for name in names:
@@ -92,13 +118,57 @@ class LocalScaler:
         except RedisError as exc:
             logger.warning("scaler cannot reach redis: %s", exc)
             return
-        started = []
+        self._reap()
+        started: list[str] = []
+        stopped: list[str] = []
         for index, name in enumerate(names):
-            backlog, live = counts[2 * index], counts[2 * index + 1]
-            if backlog > 0 and live == 0 and self._alive(name) == 0:
+            demand, live = counts[2 * index], counts[2 * index + 1]
+            decision = self._decide(name, demand, live)
+            started += [name] * decision.start
+            for _ in range(decision.start):
                 self.start_worker(name)
-                started.append(name)
+            for process in scaling.to_stop(self.processes.get(name, []), decision.stop):
+                self.stop_worker(name, process)
+                stopped.append(name)
+            if decision.start or decision.stop:
+                self._changed_at[name] = time.monotonic()
         await self._record_decisions(started, "start")
+        await self._record_decisions(stopped, "stop")
+
+    def _decide(self, name: str, demand: int, live: int) -> scaling.Decision:
+        local = self._alive(name)
+        load = scaling.ModelLoad(demand, live, starting=max(0, local - live))
+        since = time.monotonic() - self._changed_at.get(name, -math.inf)
+        return scaling.decide(self.policy(name), load, since, self.settings.scale_down_period_s)
+
+    def policy(self, name: str) -> scaling.ScalingPolicy:
+        """The policy of model ``name`` as of the last registry read (server defaults, no
+        minimum, for a model the registry does not know)."""
+        default = self._policies.get(name)
+        if default is None:
+            return replace(scaling.default_policy(self.settings), min_workers=0)
+        return default
+
+    async def _refresh_policies(self) -> None:
+        """Re-read the registry (one HGETALL) when its generation moved since the last tick."""
+        generation = await self.redis.get(keys.REGISTRY_GENERATION)
+        if generation == self._registry_generation and self._policies:
+            return
+        raw = await self.redis.hgetall(keys.REGISTRY)
+        policies = {}
+        for name, value in raw.items():
+            try:
+                entry = ModelEntry.from_bytes(value)
+            except ValueError as exc:
+                logger.warning("registry entry of '%s' skipped: %s", name.decode(), exc)
+                continue
+            policy = scaling.policy_for(entry.config, self.settings)
+            # a model that cannot be served gets workers only to answer its backlog
+            policies[entry.name] = policy if entry.ready else replace(policy, min_workers=0)
+        self._policies, self._registry_generation = policies, generation
+
+    def _reap(self) -> None:
+        self.draining = [p for p in self.draining if p.poll() is None]
 
     async def _record_decisions(self, models: list[str], action: str) -> None:
         if not models:
@@ -112,14 +182,26 @@ class LocalScaler:
             logger.warning("scaler decisions not recorded: %s", exc)
 
     def start_worker(self, model: str) -> subprocess.Popen:
-        process = procs.spawn(self.worker_command(model))
+        command = self.worker_command(model)
+        process = self.pool.claim(command) or procs.spawn(command)  # a warm-pool process, if idle
         self.processes.setdefault(model, []).append(process)
         logger.info("started worker pid %d for model '%s'", process.pid, model)
         return process
 
+    def stop_worker(self, model: str, process: subprocess.Popen) -> None:
+        """SIGTERM one worker (it stops claiming, finishes what it claimed, exits); it is
+        reaped later, without waiting here."""
+        self.processes[model].remove(process)
+        with contextlib.suppress(OSError):
+            process.terminate()
+        self.draining.append(process)
+        logger.info("stopping worker pid %d of model '%s' (scale down)", process.pid, model)
+
     def stop_all(self) -> None:
         """SIGTERM every worker at once (each drains), then wait for all of them."""
         everyone = [p for model in list(self.processes) for p in self.processes.pop(model)]
+        everyone += self.draining
+        self.draining = []
         for process in everyone:
             with contextlib.suppress(OSError):
                 process.terminate()

@@ -4,8 +4,12 @@ The worker reads its model's Redis stream as a member of the consumer group
 :data:`naiad.keys.WORKER_GROUP` (XREADGROUP, blocking), forms dynamic batches per the
 config's ``dynamic_batching``, runs them in a thread so heartbeats keep flowing, and answers
 each request on its gateway's reply list, acknowledging and deleting the stream entry in the
-same pipeline. It exits after ``idle_timeout_s`` without requests (scale to zero) and on
-SIGTERM it stops claiming, finishes what it claimed, then exits (drain).
+same pipeline. It exits after its model's idle timeout without requests (scale to zero) unless
+that would leave fewer live workers than the model's ``min_workers`` (:mod:`workers.scaling`),
+and on SIGTERM it stops claiming, finishes what it claimed, then exits (drain). When the
+registry stops serving what it loaded (unload, changed config, a new version), it drains the
+same way; a request it claimed for a version it did not load goes back to the stream for its
+successor.
 """
 
 from __future__ import annotations
@@ -16,45 +20,73 @@ import logging
 import signal
 import time
 import uuid
+from dataclasses import dataclass
 
 import numpy as np
 import psutil
+from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError, ResponseError
 
 from naiad import keys, logs, stats, telemetry, tracing
-from naiad.codec import QueuedRequest, Reply, decode_request, encode_reply
+from naiad.codec import QueuedRequest, Reply, decode_request, encode_reply, encode_request
 from naiad.datatypes import datatype_of
 from naiad.errors import DeadlineExceeded, InferenceFailed, NaiadError
 from naiad.inference import Tensor
 from naiad.redis_client import connect
 from naiad.settings import Settings
-from repository_store import ModelEntry
-from workers import batching
+from repository_store import ModelEntry, RepositoryStore
+from workers import batching, scaling
 from workers.batcher import BatchPolicy
-from workers.loader import VersionLoader
+from workers.loader import VersionLoad, VersionLoader
 from workers.model import ModelRunner
 from workers.reclaim import reclaim_orphans
 
 logger = logging.getLogger(__name__)
 
+#: Longest time a worker whose versions left the policy keeps serving what was queued for
+#: them (it stops earlier at an empty queue or at the first request for a newer version).
+RETIRE_S = 10.0
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What a warm-pool process set up before it was claimed (:mod:`workers.warm_pool`)."""
+
+    claimed_at: float
+    """Epoch seconds of the claim: this worker's cold start is measured from here."""
+    redis: Redis | None = None
+    """A client of the worker's Redis, already connected."""
+    store: RepositoryStore | None = None
+    """The model repository, already opened."""
+
 
 class Worker:
-    """Serves ``model`` until idle or told to stop. ``run()`` returns the exit code."""
+    """Serves ``model`` until idle or told to stop. ``run()`` returns the exit code.
+    ``prepared``: set for a warm-pool process (its cold start counts from the claim)."""
 
-    def __init__(self, settings: Settings, model: str, redis_url: str, worker_id: str | None = None):
+    def __init__(
+        self, settings: Settings, model: str, redis_url: str, worker_id: str | None = None,
+        prepared: Prepared | None = None,
+    ):  # fmt: skip
         self.settings = settings
         self.model = model
         self.worker_id = worker_id or f"{model}-{uuid.uuid4().hex[:8]}"
-        self.redis = connect(redis_url, longest_block_s=1.0)
+        self.prepared = prepared
+        self.redis = (prepared and prepared.redis) or connect(redis_url, longest_block_s=1.0)
         self.stream = keys.request_stream(model)
-        self.loader = VersionLoader(settings, model)
+        self.loader = VersionLoader(settings, model, prepared.store if prepared else None)
+        self._marks: dict[str, float] = {}  # cold-start phases: name -> epoch seconds at its end
         self.policy: BatchPolicy | None = None
+        self.scaling = scaling.default_policy(settings)
+        self.superseded = False  # the registry no longer serves what this worker loaded
+        self._retire_by: float | None = None  # versions changed: serve the old queue until then
         self.stopping = asyncio.Event()
         self._next_reclaim = 0.0
         self._generation: bytes | None = None
 
     async def run(self) -> int:
+        self._marks["start"] = time.time()
         logs.MODEL.set(self.model)  # every record of this worker names its model
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -73,32 +105,47 @@ class Worker:
 
     async def _load_and_serve(self) -> int:
         try:
-            entry = await self.loader.start(await self._registered())
+            registered = await self._registered()
+            self._marks["registry"] = time.time()
+            entry = await self.loader.start(registered)
         except NaiadError as exc:
             logger.error("model '%s' cannot be served: %s", self.model, exc.message)
             await self._fail_backlog(exc)
             return 2
         self.policy = BatchPolicy.from_config(entry.config)
+        self.scaling = scaling.policy_for(entry.config, self.settings)
         await self._record_cold_start()
         await self._serve()
         return 0
 
     async def _record_cold_start(self) -> None:
-        """Record this cold start (process start → ready to read the queue) and what it
-        pulled from the repository, before the first request is answered."""
-        seconds = time.time() - psutil.Process().create_time()
+        """Record this cold start (process start, or a warm-pool process's claim → ready to
+        read the queue) and what it pulled and loaded, before the first request is answered;
+        log where its time went (:func:`cold_start_phases`)."""
+        ready = time.time()
+        warm = self.prepared is not None
+        origin = self.prepared.claimed_at if self.prepared else psutil.Process().create_time()
+        loads = self.loader.take_loads()
         try:
             async with self.redis.pipeline(transaction=False) as pipe:
-                telemetry.add_cold_start(pipe, self.model, seconds)
-                self._add_downloads(pipe)
+                telemetry.add_cold_start(pipe, self.model, ready - origin, warm_pool=warm)
+                self._add_downloads(pipe, loads)
                 await pipe.execute()
         except RedisError as exc:
             logger.warning("cold start of model '%s' not recorded: %s", self.model, exc)
-        logger.info("model '%s' ready %.3f s after the process started", self.model, seconds)
+        phases = cold_start_phases(origin, self._marks, loads, ready)
+        logger.info(
+            "model '%s' ready %.3f s after the %s (%s)", self.model, ready - origin,
+            "claim" if warm else "process started", ", ".join(f"{k} {v:.3f} s" for k, v in phases.items()),
+            extra={"cold_start": {"seconds": ready - origin, "warm_pool": warm, "origin": origin, **phases}},
+        )  # fmt: skip
 
-    def _add_downloads(self, pipe: Pipeline) -> None:
+    def _add_downloads(self, pipe: Pipeline, loads: list[VersionLoad] | None = None) -> None:
+        """Queue the versions pulled from the repository and loaded since the last call."""
         for pull in self.loader.take_pulls():
             telemetry.add_download(pipe, self.model, pull.bytes, pull.seconds)
+        for load in self.loader.take_loads() if loads is None else loads:
+            telemetry.add_load(pipe, self.model, load.load_s)
 
     async def _ensure_group(self) -> None:
         try:
@@ -128,7 +175,9 @@ class Worker:
     async def _outdated(self) -> bool:
         """True when the registry changed (one GET per heartbeat when it did not) and no
         longer serves what this worker loaded: the model was unloaded or removed, or its
-        config or versions changed (the next request then cold-starts a fresh worker)."""
+        config changed (the next request then cold-starts a fresh worker). When only its
+        versions changed (a new version, poll mode) it is False but the worker retires: it
+        serves what is still queued for its versions, then exits (see :meth:`_serve`)."""
         loaded = self.loader.entry
         if loaded is None or await self.redis.get(keys.REGISTRY_GENERATION) == self._generation:
             return False
@@ -136,16 +185,25 @@ class Worker:
         if current is None or not current.ready:
             why = current.reason if current is not None else "removed"
             logger.info("model '%s' is unavailable (%s): draining, then exiting", self.model, why)
-        elif (current.config, current.versions) != (loaded.config, loaded.versions):
+        elif current.config != loaded.config:
             logger.info("model '%s' changed in the registry: draining, then exiting", self.model)
+        elif current.versions != loaded.versions:
+            if not self.superseded:
+                logger.info("model '%s' now serves versions %s: serving what is queued for %s, "
+                            "then exiting", self.model, current.versions, loaded.versions)
+                self.superseded, self._retire_by = True, time.monotonic() + RETIRE_S
+            return False
         else:
             return False
+        self.superseded = True
         return True
 
     async def _deregister(self) -> None:
         with contextlib.suppress(Exception):
             await self.redis.zrem(keys.workers(self.model), self.worker_id)
             await self.redis.xgroup_delconsumer(self.stream, keys.WORKER_GROUP, self.worker_id)
+            if self.superseded and await self.redis.xlen(self.stream):
+                await self.redis.rpush(keys.SCALER_WAKE, self.model)  # start the successor now
 
     async def _read(self, count: int, block_ms: int | None) -> list[QueuedRequest]:
         response = await self.redis.xreadgroup(
@@ -169,17 +227,28 @@ class Worker:
     async def _serve(self) -> None:
         assert self.policy is not None
         idle_since = time.monotonic()
-        while not self.stopping.is_set():
-            remaining = self.settings.idle_timeout_s - (time.monotonic() - idle_since)
-            if remaining <= 0 and await self._leave_if_idle():
-                return
+        while not self.stopping.is_set() and not self._retired():
+            remaining = self.scaling.idle_timeout_s - (time.monotonic() - idle_since)
+            if remaining <= 0:
+                if await self._leave_if_idle():
+                    return
+                idle_since = time.monotonic()  # kept (a late request, or the minimum)
+                continue
             block_ms = max(1, int(min(max(remaining, 0.001), 1.0) * 1000))
             first = await self._reclaim() or await self._read(self.policy.read_count, block_ms)
             if not first:
+                if self.superseded:
+                    return  # retiring, and nothing more is queued
                 continue
             batch = await self._gather(first)
             await self._process(batch)
             idle_since = time.monotonic()
+
+    def _retired(self) -> bool:
+        if self._retire_by is not None and time.monotonic() > self._retire_by:
+            logger.info("model '%s': retiring after %g s", self.model, RETIRE_S)
+            return True
+        return False
 
     async def _reclaim(self) -> list[QueuedRequest]:
         """Every heartbeat period, take over what dead workers of this model left claimed."""
@@ -195,15 +264,47 @@ class Worker:
         return [request for request in decoded if request is not None]
 
     async def _leave_if_idle(self) -> bool:
-        """Deregister, then look once more: a request that raced the decision keeps us."""
+        """Deregister, then look once more: a request that raced the decision keeps us, and
+        so does the model's ``min_workers`` when too few other workers are live (of two
+        deciding at once, the one that counts last sees the other gone and stays)."""
         await self.redis.zrem(keys.workers(self.model), self.worker_id)
+        others = await self.redis.zcount(keys.workers(self.model), time.time(), "+inf")
+        if not scaling.may_leave_idle(self.scaling, others):
+            await self._heartbeat()
+            return False
         late = await self._read(1, None)
         if not late:
-            logger.info("idle for %.0f s, exiting (scale to zero)", self.settings.idle_timeout_s)
+            logger.info("idle for %g s, exiting (scale to zero)", self.scaling.idle_timeout_s)
             return True
         await self._heartbeat()
         await self._process(await self._gather(late))
         return False
+
+    async def _hand_over(self, requests: list[QueuedRequest]) -> list[QueuedRequest]:
+        """The requests this worker serves. One for a version it did not load, claimed after
+        the registry moved on (a new version raced this worker's drain), goes back to the
+        stream (a copy added, the claimed entry acknowledged and deleted, atomically) for the
+        successor; this worker drains. Without a registry change it stays (ModelNotFound)."""
+        loaded = self.loader.entry
+        foreign = [r for r in requests if loaded is not None and r.request.version not in loaded.versions]
+        if foreign and not self.superseded:
+            await self._outdated()  # marks this worker superseded if the registry moved on
+        if not foreign or not self.superseded:
+            return requests
+        self.stopping.set()
+        async with self.redis.pipeline(transaction=True) as pipe:
+            for queued in foreign:
+                pipe.xadd(self.stream, encode_request(
+                    queued.queue_id, queued.request, queued.reply_to, queued.deadline,
+                    queued.enqueued_at, traceparent=queued.traceparent, log_id=queued.log_id,
+                ))  # fmt: skip
+            ids = [queued.entry_id for queued in foreign]
+            pipe.xack(self.stream, keys.WORKER_GROUP, *ids)
+            pipe.xdel(self.stream, *ids)
+            await pipe.execute()
+        logger.info("handed %d requests for a newer version back to the queue", len(foreign))
+        handed = {id(r) for r in foreign}
+        return [r for r in requests if id(r) not in handed]
 
     async def _gather(self, requests: list[QueuedRequest]) -> list[QueuedRequest]:
         """Dynamic batching: take what is queued now; if the batch is still short, wait out
@@ -227,7 +328,7 @@ class Worker:
 
     async def _process(self, requests: list[QueuedRequest]) -> None:
         now = time.time()
-        live = [r for r in requests if r.deadline > now]
+        live = await self._hand_over([r for r in requests if r.deadline > now])
         expired = DeadlineExceeded("request expired in the queue")
         pairs = [(r, encode_reply(Reply(r.queue_id, error=expired))) for r in requests if r.deadline <= now]
         runs: list[stats.Execution] = []
@@ -325,3 +426,17 @@ class Worker:
 
 def _tensors(arrays: dict[str, np.ndarray]) -> list[Tensor]:
     return [Tensor(name, datatype_of(a.dtype), list(a.shape), a) for name, a in arrays.items()]
+
+
+def cold_start_phases(
+    origin: float, marks: dict[str, float], loads: list[VersionLoad], ready: float
+) -> dict[str, float]:
+    """Where a cold start's seconds went: ``start`` (origin → the worker runs: for a bare
+    process the interpreter, imports and settings; for a warm-pool process the claim reaching
+    it), ``registry`` (consumer group, heartbeat and registry entry: the first Redis round
+    trips), ``open`` (opening the repository and the rest of the loader's work), ``pull``
+    (local cache check, download when missing) and ``load`` (the backend's load)."""
+    run, registry = marks.get("start", origin), marks.get("registry", origin)
+    pull, load = sum(x.pull_s for x in loads), sum(x.load_s for x in loads)
+    return {"start": run - origin, "registry": registry - run,
+            "open": max(0.0, ready - registry - pull - load), "pull": pull, "load": load}  # fmt: skip

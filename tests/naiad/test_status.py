@@ -12,7 +12,7 @@ import numpy as np
 import tritonclient.http as httpclient
 from naiad_harness import ROOT, wait_for
 
-from naiad import keys, telemetry
+from naiad import keys, stats, telemetry
 from naiad.redis_client import connect
 from naiad.status import status_snapshot
 from repository_store import READY, UNAVAILABLE, ModelEntry, parse_config
@@ -47,8 +47,8 @@ async def _arrange_and_read(redis_url: str) -> dict:
         async with redis.pipeline(transaction=False) as pipe:
             telemetry.add_cold_start(pipe, "busy", 0.5)
             telemetry.add_cold_start(pipe, "busy", 1.5)
-            pipe.hincrby(keys.stats("busy"), "3:success_count", 4)
-            pipe.hincrby(keys.stats("busy"), "3:success_ns", 40_000_000)
+            for _ in range(4):  # four successes of 10 ms each
+                stats.add_request(pipe, "busy", 3, True, 10_000_000, int(now * 1000))
             pipe.hincrby(keys.stats("busy"), "3:cache_hit_count", 1)
             pipe.hincrby(keys.stats("busy"), "3:cache_miss_count", 3)
             await pipe.execute()
@@ -70,6 +70,7 @@ def test_states_and_numbers(redis_url):
     assert (busy["workers"], busy["queue"], busy["in_flight"]) == (1, 2, 1)
     assert busy["versions"] == ["1", "3"] and busy["success"] == 4
     assert busy["avg_latency_ms"] == 10.0
+    assert 5.0 < busy["p50_ms"] <= 10.0 and busy["p50_ms"] <= busy["p99_ms"] <= 10.0  # 10 ms bucket
     assert busy["cache_hit_ratio"] == 0.25 and busy["cold_starts"] == 2 and busy["cold_start_avg_s"] == 1.0
     assert rows["asleep"]["workers"] == 0 and rows["asleep"]["avg_latency_ms"] is None
     assert rows["waking"]["in_flight"] == 0  # no consumer group yet: nothing claimed
@@ -112,12 +113,13 @@ def test_status_once_after_traffic(naiad_server, redis_url):
     assert "busy" in _line(_status_once(redis_url), "digits")  # answered less than 5 s ago
     wait_for(lambda: "idle" in _line(_status_once(redis_url), "digits"), 15, "digits idle")
     output = _status_once(redis_url)
-    model, state, versions, workers, queue, in_flight, ok, failed, latency, _, cold, cold_avg = _line(
+    model, state, versions, workers, queue, in_flight, ok, failed, p50, p99, _, cold, cold_avg = _line(
         output, "digits"
     )
     assert (model, state, versions, workers, queue, in_flight, ok, failed) == (
         "digits", "idle", "1", "1", "0", "0", "3", "0"
     )
-    assert latency.endswith(" ms") and cold == "1" and cold_avg.endswith(" s")
+    assert p50.endswith(" ms") and p99.endswith(" ms") and cold == "1" and cold_avg.endswith(" s")
+    assert float(p50.split()[0]) <= float(p99.split()[0])
     assert _line(output, "silero_vad")[1:4] == ["asleep", "1", "0"]
     assert "1 asleep, 1 idle" in output

@@ -8,6 +8,7 @@ them, so no process imports a framework it does not use.
 from __future__ import annotations
 
 import importlib
+import logging
 from pathlib import Path
 from typing import Protocol
 
@@ -24,6 +25,8 @@ class Backend(Protocol):
         ...
 
 
+logger = logging.getLogger(__name__)
+
 _MODULES = {"onnxruntime": "workers.backends.onnxruntime"}
 
 
@@ -38,3 +41,21 @@ def load_backend(version_dir: Path, config: mc.ModelConfig, device: str) -> Back
         raise Unsupported(f"backend '{name}' is not available in this worker")
     module = importlib.import_module(_MODULES[name])
     return module.load(version_dir, config, device)
+
+
+def prepare() -> list[str]:
+    """Import every backend this build has and let each warm up (a warm-pool process does
+    this before it knows its model, so a claim pays only the model load). Returns the names
+    of the backends ready; one whose framework is not installed is skipped."""
+    ready = []
+    for name, module_name in _MODULES.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        try:
+            getattr(module, "warm_up", lambda: None)()
+        except Exception:  # the model's own load will report a real problem
+            logger.warning("backend '%s' did not warm up", name, exc_info=True)
+        ready.append(name)
+    return ready

@@ -97,3 +97,22 @@ class OnnxRuntimeBackend:
 
 def load(version_dir: Path, config: mc.ModelConfig, device: str) -> OnnxRuntimeBackend:
     return OnnxRuntimeBackend(version_dir / default_model_filename(config), device)
+
+
+def warm_up() -> None:
+    """Create and run a session of a tiny model, so ONNX Runtime's one-time set-up (its
+    environment, the first session's costs) is done before a warm-pool process is claimed."""
+    from onnx import helper  # noqa: PLC0415 - only warm-pool processes need it
+
+    nodes = [helper.make_node("Gemm", ["x", "w"], ["h"]), helper.make_node("Softmax", ["h"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "warm_up",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])],
+        [helper.make_tensor("w", TensorProto.FLOAT, [2, 2], [1.0, 0.0, 0.0, 1.0])],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    session.run(None, {"x": np.zeros((1, 2), np.float32)})

@@ -1,0 +1,211 @@
+"""The warm pool: generic worker processes started ahead of need, each claimed by one model.
+
+A pool process is ``naiad worker --pool``: it starts the interpreter, imports what a worker
+runs (numpy, redis, the backends with their frameworks, each warmed up once:
+:func:`workers.backends.prepare`), connects to Redis and opens the repository, then blocks
+reading one line from its stdin. Until then it has no heartbeat, so it is a worker of no
+model (``naiad_model_workers`` stays 0).
+
+The scaler claims it (:meth:`WarmPool.claim`) by writing one JSON line — the ``naiad worker
+--model M ...`` command line it would otherwise have started, and the time of the claim —
+and closing the pipe. The process then runs exactly that worker (:class:`workers.worker.Worker`
+with the command's settings, so batching, idle exit, reclaim, statistics and any per-model
+flag are those of a bare worker), and its cold start is measured from the claim, so
+``naiad_cold_start_seconds`` shows what the request waited for: the model's pull and load.
+
+A pool process that reads the end of its stdin before a claim (the scaler closed the pipe)
+exits 0; SIGTERM ends it at once; ``PR_SET_PDEATHSIG`` (:mod:`naiad.procs`) when the scaler
+dies. Claimed, it is an ordinary worker of the scaler (stopped with the others).
+
+:class:`WarmPool` lives in the scaler: it keeps ``warm_pool_size`` processes idle, refills
+:data:`REFILL_DELAY_S` after a claim (so the refill's imports do not compete with the claimed
+worker's load for the CPU), and with ``warm_pool_idle_timeout_s`` shrinks to zero after that
+long without a cold start; the next cold start (then a bare process) refills it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+from redis.exceptions import RedisError
+
+from naiad import logs, procs
+from naiad.redis_client import connect
+from naiad.settings import Settings
+from repository_store import RepositoryStore, open_store
+from workers import backends
+from workers.worker import Prepared, Worker
+
+logger = logging.getLogger(__name__)
+
+#: Seconds after a claim before the pool starts its replacement.
+REFILL_DELAY_S = 1.0
+#: Seconds between the pool's checks that its idle processes are alive.
+CHECK_S = 5.0
+
+
+def pool_command(settings: Settings, redis_url: str, log_flags: Sequence[str]) -> list[str]:
+    """The command line of one pool process (what it prepares: its Redis, its repository)."""
+    return [
+        sys.executable, "-m", "naiad.cli", "worker", "--pool",
+        "--model-repository", settings.model_repository,
+        "--redis-url", redis_url,
+        "--cache-dir", str(settings.cache_dir),
+        "--log-level", settings.log_level,
+        *log_flags,
+    ]  # fmt: skip
+
+
+class WarmPool:
+    """Idle pool processes of one scaler; ``start()`` in its event loop, ``close()`` at the end."""
+
+    def __init__(self, settings: Settings, command: Sequence[str]):
+        self.size = settings.warm_pool_size
+        self.idle_timeout_s = settings.warm_pool_idle_timeout_s
+        self.command = list(command)
+        self.idle: list[subprocess.Popen] = []
+        self._last_cold_start = time.monotonic()
+        self._refill_at = 0.0
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        """Fill the pool and keep it filled, in a task of the running loop (none if size 0)."""
+        if self.size > 0 and self._task is None:
+            self._task = asyncio.create_task(self._keep())
+
+    async def close(self) -> None:
+        """Stop keeping the pool and end its idle processes."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        idle, self.idle = self.idle, []
+        await asyncio.to_thread(_stop, idle)
+
+    def claim(self, command: Sequence[str]) -> subprocess.Popen | None:
+        """Hand ``command`` (a ``naiad worker --model M ...`` command line) to an idle pool
+        process and return it, or None when none is idle (the caller starts ``command``
+        itself). Either way a cold start happened: the pool refills and its idle timeout
+        starts again."""
+        now = time.monotonic()
+        self._last_cold_start, self._refill_at = now, now + REFILL_DELAY_S
+        self._changed.set()
+        message = json.dumps({"command": list(command), "claimed_at": time.time()}).encode() + b"\n"
+        while self.idle:
+            process = self.idle.pop(0)
+            if _hand(process, message):
+                logger.debug("warm-pool process pid %d claimed: %s", process.pid, " ".join(command[3:]))
+                return process
+        return None
+
+    async def _keep(self) -> None:
+        while True:
+            wait_s = await self._step()
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), wait_s)
+
+    async def _step(self) -> float | None:
+        """Drop dead idle processes, shrink after the idle timeout, or refill; returns the
+        seconds until the next step (None: on the next claim)."""
+        for process in [p for p in self.idle if p.poll() is not None]:
+            logger.warning("warm-pool process pid %d exited with %s", process.pid, process.returncode)
+            self.idle.remove(process)
+        now = time.monotonic()
+        if self.idle_timeout_s is not None:
+            quiet_s = now - self._last_cold_start
+            if quiet_s >= self.idle_timeout_s:
+                if self.idle:
+                    logger.info("no cold start for %g s: warm pool shrinks to 0", self.idle_timeout_s)
+                    idle, self.idle = self.idle, []
+                    await asyncio.to_thread(_stop, idle)
+                return None
+        if len(self.idle) < self.size and now < self._refill_at:
+            return self._refill_at - now
+        while len(self.idle) < self.size:
+            self.idle.append(procs.spawn(self.command, stdin=subprocess.PIPE))
+        if self.idle_timeout_s is None:
+            return CHECK_S
+        return min(CHECK_S, self.idle_timeout_s - (now - self._last_cold_start))
+
+
+def _hand(process: subprocess.Popen, message: bytes) -> bool:
+    """Write the claim to an idle process and close its stdin; False if it is gone."""
+    if process.poll() is not None or process.stdin is None:
+        return False
+    try:
+        process.stdin.write(message)
+        process.stdin.close()
+    except (OSError, ValueError):  # a broken pipe: it died meanwhile
+        return False
+    return True
+
+
+def _stop(processes: list[subprocess.Popen]) -> None:
+    """End idle pool processes: close their stdin (they exit), SIGTERM, wait."""
+    for process in processes:
+        with contextlib.suppress(OSError, ValueError):
+            if process.stdin is not None:
+                process.stdin.close()
+            process.terminate()
+    for process in processes:
+        with contextlib.suppress(OSError):
+            procs.stop(process, timeout_s=5.0)
+
+
+# --- the pool process (`naiad worker --pool`) ---------------------------------------------------
+
+
+async def serve_claim(settings: Settings, parse: Callable[[list[str]], tuple[Settings, str]]) -> int:
+    """Prepare, wait for the claim on stdin, then run the claimed worker; its exit code.
+    ``parse`` turns the claimed command's arguments into its settings and model."""
+    ready = backends.prepare()
+    redis, store = await _connect(settings), await _open(settings)
+    logger.debug("warm-pool process ready (backends: %s)", ", ".join(ready))
+    line = await asyncio.to_thread(sys.stdin.buffer.readline)
+    if not line:  # the scaler closed the pipe: not needed
+        await _close(redis)
+        return 0
+    claim = json.loads(line)
+    command = claim["command"]
+    claimed, model = parse(command[command.index("worker"):])
+    logs.configure(claimed)
+    if claimed.redis_url != settings.redis_url:
+        redis = await _close(redis)
+    if claimed.model_repository != settings.model_repository:
+        store = None
+    prepared = Prepared(float(claim["claimed_at"]), redis, store)
+    assert claimed.redis_url is not None
+    return await Worker(claimed, model, claimed.redis_url, prepared=prepared).run()
+
+
+async def _connect(settings: Settings):
+    assert settings.redis_url is not None
+    redis = connect(settings.redis_url, longest_block_s=1.0)
+    try:
+        await redis.ping()
+    except RedisError as exc:  # the claimed worker retries on its own
+        logger.warning("warm-pool process cannot reach redis yet: %s", exc)
+    return redis
+
+
+async def _open(settings: Settings) -> RepositoryStore | None:
+    try:
+        return await asyncio.to_thread(open_store, settings.model_repository)
+    except Exception as exc:  # the claimed worker opens it again and reports the failure
+        logger.warning("warm-pool process cannot open the repository yet: %s", exc)
+        return None
+
+
+async def _close(redis) -> None:
+    with contextlib.suppress(RedisError, OSError):
+        await redis.aclose()
