@@ -9,10 +9,12 @@ model that looks local). Response shapes follow the KServe v2 protocol's "Server
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -30,6 +32,7 @@ from naiad.errors import (
     ModelNotFound,
     ModelNotReady,
     NaiadError,
+    Overloaded,
     Unavailable,
     Unsupported,
 )
@@ -78,13 +81,37 @@ class DataPlane:
         request_timeout_s: float,
         model_control_mode: str = "none",
         cache: ResponseCache | None = None,
+        max_queue_size: int = 1000,
+        max_inflight: int = 4096,
     ):
+        self.max_queue_size = max_queue_size  # per model, unless its config sets one
+        self.max_inflight = max_inflight
+        self._inflight = 0
         self.redis = redis
         self.cache = cache  # None: the server-side response cache is off
         self.registry = registry
         self.dispatcher = dispatcher
         self.request_timeout_s = request_timeout_s
         self.model_control_mode = model_control_mode
+
+    @contextlib.contextmanager
+    def admit(self) -> Iterator[None]:
+        """One inference request carried by this gateway, from its first byte read to its
+        answer; raises :class:`Overloaded` at once when ``max_inflight`` are already (the
+        transports wrap their whole infer handler, body reading included, in it)."""
+        if self._inflight >= self.max_inflight:
+            raise Overloaded(f"the gateway carries {self.max_inflight} requests already; retry later")
+        self._inflight += 1
+        try:
+            yield
+        finally:
+            self._inflight -= 1
+
+    def max_queue(self, entry: ModelEntry) -> int:
+        """The model's maximum queue size: Triton's ``dynamic_batching.default_queue_policy.
+        max_queue_size`` when set (> 0), else the server's ``--max-queue-size``."""
+        own = entry.config.dynamic_batching.default_queue_policy.max_queue_size
+        return own or self.max_queue_size
 
     @staticmethod
     def live() -> bool:
@@ -258,7 +285,7 @@ class DataPlane:
         return await self.cache.infer(request, timeout_s, run, trace)
 
     async def _run(self, entry: ModelEntry, request: InferRequest, timeout_s: float) -> InferResponse:
-        response = await self.dispatcher.infer(request, timeout_s)
+        response = await self.dispatcher.infer(request, timeout_s, self.max_queue(entry))
         counts = {output.name: output.class_count for output in request.outputs if output.class_count}
         if counts:
             batched = entry.config.max_batch_size > 0

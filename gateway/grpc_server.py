@@ -20,6 +20,7 @@ import grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
+from gateway.access import AccessPolicy, grpc_group, grpc_headers
 from gateway.dataplane import DataPlane
 from gateway.grpc_codec import (
     from_infer_request,
@@ -30,7 +31,7 @@ from gateway.grpc_codec import (
     to_repository_index,
     to_server_metadata,
 )
-from naiad.errors import GRPC_CODES, ModelNotFound, Unsupported, as_naiad_error
+from naiad.errors import GRPC_CODES, ModelNotFound, Unauthenticated, Unsupported, as_naiad_error
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +101,46 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         )
         guarded = _guard(getattr(handler, kind), handler_call_details.method)
         return handler._replace(**{kind: guarded})
+
+
+class AccessInterceptor(grpc.aio.ServerInterceptor):
+    """Checks each call's metadata against ``policy`` (``--grpc-restricted-protocol``) by
+    the method's API group (:data:`gateway.access.GRPC_GROUPS`). A refused call runs a
+    handler that raises :class:`Unauthenticated`; placed inside :class:`ErrorInterceptor`,
+    that becomes UNAUTHENTICATED there, as every other error does."""
+
+    def __init__(self, policy: AccessPolicy):
+        self._policy = policy
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        headers = grpc_headers(handler_call_details.invocation_metadata)
+        try:
+            self._policy.check(grpc_group(handler_call_details.method), headers, grpc=True)
+        except Unauthenticated as exc:
+            return _refusing(handler, exc)
+        return handler
+
+
+def _refusing(handler: grpc.RpcMethodHandler, error: Unauthenticated) -> grpc.RpcMethodHandler:
+    """``handler`` with its behavior replaced by one that raises ``error`` (never reading the
+    request: a refused client's message is not parsed further than grpc already did)."""
+
+    async def refuse(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        raise error
+
+    kind = (
+        ("stream" if handler.request_streaming else "unary")
+        + "_"
+        + ("stream" if handler.response_streaming else "unary")
+    )
+    return handler._replace(**{kind: refuse})
 
 
 def _unsupported(feature: str) -> Callable[..., Awaitable[Any]]:
@@ -187,12 +228,13 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(
         self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelInferResponse:
-        entry, version = await self._dp.resolve(request.model_name, request.model_version)
-        infer_request = from_infer_request(request, entry.name, version)
-        infer_request.parameters = bounded_timeout(
-            infer_request.parameters, context.time_remaining(), self._dp.request_timeout_s
-        )
-        return to_infer_response(await self._dp.infer(infer_request))
+        with self._dp.admit():  # the gateway's in-flight bound (UNAVAILABLE when full)
+            entry, version = await self._dp.resolve(request.model_name, request.model_version)
+            infer_request = from_infer_request(request, entry.name, version)
+            infer_request.parameters = bounded_timeout(
+                infer_request.parameters, context.time_remaining(), self._dp.request_timeout_s
+            )
+            return to_infer_response(await self._dp.infer(infer_request))
 
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: grpc.aio.ServicerContext
@@ -235,11 +277,16 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
 @contextlib.asynccontextmanager
 async def grpc_server(
-    dataplane: DataPlane, host: str, port: int, grace_s: float = STOP_GRACE_S
+    dataplane: DataPlane, host: str, port: int, grace_s: float = STOP_GRACE_S,
+    access: AccessPolicy | None = None,
 ) -> AsyncIterator[grpc.aio.Server]:
     """A started gRPC server on ``host:port``; on exit it refuses new RPCs at once and gives
-    in-flight ones ``grace_s`` seconds to finish (then cancels them)."""
-    server = grpc.aio.server(interceptors=[ErrorInterceptor()], options=SERVER_OPTIONS)
+    in-flight ones ``grace_s`` seconds to finish (then cancels them). ``access`` restricts
+    API groups (``--grpc-restricted-protocol``)."""
+    interceptors: list[grpc.aio.ServerInterceptor] = [ErrorInterceptor()]
+    if access:
+        interceptors.append(AccessInterceptor(access))
+    server = grpc.aio.server(interceptors=interceptors, options=SERVER_OPTIONS)
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(dataplane), server)
     server.add_insecure_port(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
     await server.start()

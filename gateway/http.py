@@ -24,6 +24,7 @@ import yaml
 from aiohttp import hdrs, web
 from redis.exceptions import RedisError
 
+from gateway.access import HTTP_GROUPS, AccessPolicy
 from gateway.dataplane import DataPlane
 from gateway.http_codec import HEADER_LENGTH, parse_infer_request, render_infer_response
 from gateway.http_encoding import accepted_coding, compress, decode_body
@@ -38,8 +39,10 @@ MAX_BODY_BYTES = web.AppKey("max_body_bytes", int)
 OPENAPI_JSON = web.AppKey("openapi_json", bytes)
 
 #: ``web.AppRunner`` options the HTTP app needs: request bodies reach the handlers as sent,
-#: so :func:`read_body` decodes them with its own size bound and error answers.
-RUNNER_OPTIONS: dict[str, Any] = {"auto_decompress": False}
+#: so :func:`read_body` decodes them with its own size bound and error answers; a client
+#: that disconnects cancels its handler, which withdraws its queued request
+#: (:meth:`gateway.dispatcher.QueueDispatcher.infer`).
+RUNNER_OPTIONS: dict[str, Any] = {"auto_decompress": False, "handler_cancellation": True}
 #: Bodies at least this large are decoded or compressed in a thread, off the event loop.
 THREAD_BYTES = 1024 * 1024
 
@@ -63,9 +66,27 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except Exception as exc:
         known = as_naiad_error(exc)
         if known is not None:
-            return error_response(known.status, known.message)
+            response = error_response(known.status, known.message)
+            response.headers.update(getattr(known, "headers", {}))
+            return response
         logger.exception("unhandled error on %s %s", request.method, request.path)
         return error_response(HTTPStatus.INTERNAL_SERVER_ERROR, "internal server error")
+
+
+def access_middleware(policy: AccessPolicy) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """Checks each request against ``policy`` by the API group of the route it matched
+    (:data:`gateway.access.HTTP_GROUPS`); runs inside :func:`error_middleware`, so a refusal
+    is a JSON 401. Unmatched routes pass (their 404/405 comes next)."""
+
+    @web.middleware
+    async def check_access(request: web.Request, handler: Handler) -> web.StreamResponse:
+        route = request.match_info.route
+        resource = route.resource if request.match_info.http_exception is None else None
+        group = HTTP_GROUPS.get(resource.canonical) if resource is not None else None
+        policy.check(group, request.headers)
+        return await handler(request)
+
+    return check_access
 
 
 def _dp(request: web.Request) -> DataPlane:
@@ -138,6 +159,12 @@ async def read_body(request: web.Request) -> bytes:
 
 
 async def infer(request: web.Request) -> web.Response:
+    """One inference, counted against the gateway's in-flight bound from its first byte."""
+    with _dp(request).admit():
+        return await _infer(request)
+
+
+async def _infer(request: web.Request) -> web.Response:
     dp = _dp(request)
     entry, version = await dp.resolve(*_model(request))
     body = await read_body(request)
@@ -241,9 +268,13 @@ def _routes() -> list[web.RouteDef]:
     return routes
 
 
-def create_app(dataplane: DataPlane, max_body_bytes: int) -> web.Application:
-    """The HTTP application; ``max_body_bytes`` caps request bodies (413 above it)."""
-    app = web.Application(client_max_size=max_body_bytes, middlewares=[error_middleware])
+def create_app(
+    dataplane: DataPlane, max_body_bytes: int, access: AccessPolicy | None = None
+) -> web.Application:
+    """The HTTP application; ``max_body_bytes`` caps request bodies (413 above it);
+    ``access`` restricts API groups (``--http-restricted-api``)."""
+    middlewares = [error_middleware, access_middleware(access)] if access else [error_middleware]
+    app = web.Application(client_max_size=max_body_bytes, middlewares=middlewares)
     app[DATAPLANE] = dataplane
     app[MAX_BODY_BYTES] = max_body_bytes
     app[OPENAPI_JSON] = json.dumps(load_openapi()).encode()

@@ -33,6 +33,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gateway.access import AccessPolicy
 from gateway.registry import ModelRegistry
 from naiad import stats, telemetry
 from naiad.host import CpuReading, GpuReader, GpuReading, read_cpu
@@ -264,8 +265,13 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-def create_metrics_app(registry: ModelRegistry) -> web.Application:
-    app = web.Application()
+def create_metrics_app(registry: ModelRegistry, access: AccessPolicy | None = None) -> web.Application:
+    """The metrics port's app; ``access`` restricts ``/metrics`` (API group ``metrics``),
+    a refusal being a JSON 401 as on the HTTP port."""
+    from gateway.http import access_middleware, error_middleware  # noqa: PLC0415
+
+    middlewares = [error_middleware, access_middleware(access)] if access else []
+    app = web.Application(middlewares=middlewares)
     snapshot = SnapshotCollector()
     prom = CollectorRegistry()
     prom.register(snapshot)

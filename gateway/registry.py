@@ -61,11 +61,14 @@ class ModelRegistry:
         self._generation: int | None = None
         self._synced_at = float("-inf")
         self._fingerprints: dict[str, str] = {}
+        self._start_args: tuple[str, list[str]] = ("none", [])  # how to index again
+        self._rebuilding = asyncio.Lock()
         #: Models re-indexed by the last :meth:`poll` (what a poll cost; tests and benches).
         self.last_poll_indexed: list[str] = []
 
     async def start(self, mode: str, load: list[str]) -> None:
         """The start-up indexing of model control ``mode`` (``load``: explicit mode's models)."""
+        self._start_args = (mode, list(load))
         if mode == "explicit":
             await self.index_explicit(load)
             return
@@ -173,13 +176,30 @@ class ModelRegistry:
         return {name.decode(): ModelEntry.from_bytes(value) for name, value in raw.items()}
 
     async def sync(self) -> None:
-        """Reload the local copy from Redis if the registry changed since (any gateway)."""
+        """Reload the local copy from Redis if the registry changed since (any gateway).
+        A generation gone after this gateway indexed means Redis lost its data (restarted
+        without persistence): the repository is indexed again, as at start."""
         self._synced_at = time.monotonic()
-        generation = int(await self.redis.get(GENERATION) or 0)
+        raw = await self.redis.get(GENERATION)
+        if raw is None and self._generation:
+            await self._rebuild()
+            return
+        generation = int(raw or 0)
         if generation == self._generation:
             return
         self._entries = await self._read_all()
         self._generation = generation
+
+    async def _rebuild(self) -> None:
+        """Index again after Redis lost the registry; concurrent callers wait for one
+        rebuild (other gateways may rebuild too: each writes the same entries)."""
+        async with self._rebuilding:
+            if await self.redis.get(GENERATION) is not None:
+                self._generation = None  # rebuilt meanwhile: reload on the next sync
+                self._synced_at = float("-inf")
+                return
+            logger.warning("the registry is gone from Redis (restarted empty?): indexing again")
+            await self.start(*self._start_args)
 
     async def get(self, name: str) -> ModelEntry:
         if time.monotonic() - self._synced_at >= SYNC_INTERVAL_S:

@@ -17,6 +17,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from aiohttp import web
 
+from gateway.access import AccessPolicy
 from gateway.dataplane import DataPlane
 from gateway.dispatcher import READER_BLOCK_S, QueueDispatcher
 from gateway.grpc_server import grpc_server
@@ -61,9 +62,11 @@ async def _endpoints(settings: Settings, dataplane: DataPlane) -> AsyncIterator[
     """The HTTP and gRPC endpoints; on the way out both stop accepting, then give in-flight
     requests ``shutdown_grace_s`` to finish, concurrently."""
     grace = settings.shutdown_grace_s
-    http = _site(create_app(dataplane, settings.http_max_body_bytes), settings.http_host,
-                 settings.http_port, shutdown_timeout=grace, **RUNNER_OPTIONS)
-    rpc = grpc_server(dataplane, settings.http_host, settings.grpc_port, grace_s=grace)
+    http_access = AccessPolicy(settings.http_restricted_api, "--http-restricted-api")
+    grpc_access = AccessPolicy(settings.grpc_restricted_protocol, "--grpc-restricted-protocol")
+    app = create_app(dataplane, settings.http_max_body_bytes, http_access)
+    http = _site(app, settings.http_host, settings.http_port, shutdown_timeout=grace, **RUNNER_OPTIONS)
+    rpc = grpc_server(dataplane, settings.http_host, settings.grpc_port, grace_s=grace, access=grpc_access)
     await http.__aenter__()
     try:
         await rpc.__aenter__()
@@ -116,11 +119,13 @@ async def run_gateway(settings: Settings, redis_url: str, stop: asyncio.Event) -
         cache = await _response_cache(stack, settings, redis, redis_url)
         dataplane = DataPlane(
             redis, registry, dispatcher, settings.request_timeout_s, settings.model_control_mode,
-            cache=cache,
+            cache=cache, max_queue_size=settings.max_queue_size, max_inflight=settings.max_inflight,
         )
         await stack.enter_async_context(_endpoints(settings, dataplane))
-        metrics = create_metrics_app(registry)
-        await stack.enter_async_context(_site(metrics, settings.http_host, settings.metrics_port))
+        # /metrics is the 'metrics' API group of --http-restricted-api.
+        metrics = create_metrics_app(registry, AccessPolicy(settings.http_restricted_api))
+        metrics_host = settings.metrics_address or settings.http_host
+        await stack.enter_async_context(_site(metrics, metrics_host, settings.metrics_port))
         logger.info(
             "serving %s: HTTP on :%d, gRPC on :%d, metrics on :%d",
             settings.model_repository, settings.http_port, settings.grpc_port, settings.metrics_port,

@@ -60,8 +60,18 @@ GATEWAY_FLAGS = {
     "--http-port": ("http_port", int, "KServe v2 HTTP port (default 8000)"),
     "--grpc-port": ("grpc_port", int, "KServe v2 gRPC port (default 8001)"),
     "--metrics-port": ("metrics_port", int, "Prometheus metrics port (default 8002)"),
+    "--http-address": ("http_host", str, "address HTTP, gRPC and metrics bind to (default 0.0.0.0)"),
+    "--metrics-address": ("metrics_address", str, "address the metrics port binds to "
+                          "(default: --http-address; 127.0.0.1 keeps it local)"),
+    "--http-restricted-api": ("http_restricted_api", list, "repeatable <api>,...:<key>=<value>: those "
+                              "APIs need header <key>: <value> (env NAIAD_HTTP_RESTRICTED_API keeps "
+                              "keys out of process listings)"),
+    "--grpc-restricted-protocol": ("grpc_restricted_protocol", list, "repeatable <api>,...:<key>=<value>, "
+                                   "for gRPC metadata (env NAIAD_GRPC_RESTRICTED_PROTOCOL)"),
     "--request-timeout": ("request_timeout_s", float, "default request timeout, seconds"),
     "--shutdown-grace": ("shutdown_grace_s", float, "seconds in-flight requests get on SIGTERM (default 30)"),
+    "--max-queue-size": ("max_queue_size", int, "most requests queued per model; more: 503 (default 1000)"),
+    "--max-inflight": ("max_inflight", int, "most requests one gateway carries; more: 503 (default 4096)"),
     "--model-control-mode": ("model_control_mode", "none|poll|explicit", "none (default), poll or explicit"),
     "--repository-poll-secs": ("repository_poll_secs", float, "poll mode: seconds between re-indexings"),
     "--load-model": ("load_model", list, "explicit mode: model to load at start, repeatable ('*': all)"),
@@ -290,12 +300,22 @@ def cmd_k8s_render(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _check_access(settings: Settings) -> None:
+    """Refuse malformed restricted-API groups at start (ValueError; never echoes a key)."""
+    if settings.http_restricted_api or settings.grpc_restricted_protocol:
+        from gateway.access import AccessPolicy  # noqa: PLC0415
+
+        AccessPolicy(settings.http_restricted_api, "--http-restricted-api")
+        AccessPolicy(settings.grpc_restricted_protocol, "--grpc-restricted-protocol")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         settings = _settings(args)
-    except ValueError as exc:  # a malformed --cache-config
+        _check_access(settings)
+    except ValueError as exc:  # a malformed --cache-config, --http-restricted-api ...
         parser.error(str(exc))
     if args.command == "status":
         from naiad.status import run_status  # noqa: PLC0415

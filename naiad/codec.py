@@ -71,12 +71,28 @@ def _pack_tensors(tensors: list[Tensor]) -> tuple[list[list[Any]], bytes]:
     return specs, b"".join(chunks)
 
 
+#: Most dimensions a queued tensor may have (the gateways accept at most 64).
+MAX_DIMS = 64
+
+
+def _valid_shape(shape: Any) -> bool:
+    """A list of at most :data:`MAX_DIMS` integers in 0..2**63-1 (checked before any
+    arithmetic: ``math.prod([2**40, "a"])`` would build a 1 TiB string)."""
+    return (
+        isinstance(shape, list)
+        and len(shape) <= MAX_DIMS
+        and all(type(d) is int and 0 <= d < 2**63 for d in shape)
+    )
+
+
 def _unpack_tensors(specs: list[list[Any]], raw: bytes) -> list[Tensor]:
     tensors, offset = [], 0
     view = memoryview(raw)
     for name, datatype, shape, nbytes in specs:
         if not isinstance(nbytes, int) or nbytes < 0 or offset + nbytes > len(view):
             raise InvalidInput("queue message is shorter than its header says")
+        if not isinstance(name, str) or not isinstance(datatype, str) or not _valid_shape(shape):
+            raise InvalidInput("queue message has a malformed tensor spec")
         data = from_bytes(view[offset : offset + nbytes], datatype, shape)
         tensors.append(Tensor(name, datatype, list(shape), data))
         offset += nbytes
@@ -131,7 +147,7 @@ def decode_request(model: str, fields: dict[bytes, bytes], entry_id: bytes = b""
             traceparent if isinstance(traceparent, str) else None,
             log_id if isinstance(log_id, str) else "",
         )
-    except (KeyError, TypeError, ValueError, msgpack.UnpackException) as exc:
+    except (KeyError, TypeError, ValueError, OverflowError, msgpack.UnpackException) as exc:
         raise InvalidInput(f"malformed queue message: {exc}") from exc
 
 
@@ -156,7 +172,7 @@ def decode_reply(payload: bytes) -> Reply:
         else:
             reply.error = error_from_name(*header["e"])
         return reply
-    except (KeyError, TypeError, ValueError, msgpack.UnpackException) as exc:
+    except (KeyError, TypeError, ValueError, OverflowError, msgpack.UnpackException) as exc:
         raise InvalidInput(f"malformed reply message: {exc}") from exc
 
 
@@ -172,5 +188,5 @@ def decode_tensors(payload: bytes) -> list[Tensor]:
     try:
         specs, raw = msgpack.unpackb(payload)
         return _unpack_tensors(specs, raw)
-    except (TypeError, ValueError, msgpack.UnpackException) as exc:
+    except (TypeError, ValueError, OverflowError, msgpack.UnpackException) as exc:
         raise InvalidInput(f"malformed cached tensors: {exc}") from exc

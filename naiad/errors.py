@@ -46,6 +46,18 @@ class Unavailable(NaiadError):
     status = HTTPStatus.SERVICE_UNAVAILABLE
 
 
+class Overloaded(Unavailable):
+    """The model's queue is full, or the gateway carries as many requests as it may (503
+    with ``Retry-After: retry_after_s`` over HTTP, UNAVAILABLE over gRPC): retry later."""
+
+    retry_after_s = 1
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """HTTP headers of the answer (the HTTP adapter adds an error's ``headers``)."""
+        return {"Retry-After": str(self.retry_after_s)}
+
+
 class DeadlineExceeded(NaiadError):
     """The request's timeout passed before an answer came: 503 over HTTP (the request may
     be retried), DEADLINE_EXCEEDED over gRPC."""
@@ -82,6 +94,18 @@ class ConfigError(InvalidInput):
     """A ``config.pbtxt`` that does not parse or is inconsistent (400)."""
 
 
+class Unauthenticated(NaiadError):
+    """A restricted API without the right credentials (401; UNAUTHENTICATED over gRPC).
+    ``headers`` are extra HTTP response headers (``WWW-Authenticate`` for bearer tokens).
+    The message names the header the API needs, never a value."""
+
+    status = HTTPStatus.UNAUTHORIZED
+
+    def __init__(self, message: str, bearer: bool = False):
+        super().__init__(message)
+        self.headers = {"WWW-Authenticate": 'Bearer realm="naiad"'} if bearer else {}
+
+
 class ModelControlDisabled(NaiadError):
     """A load or unload request while the model control mode is not ``explicit`` (400;
     UNAVAILABLE over gRPC, as Triton answers)."""
@@ -105,6 +129,7 @@ GRPC_CODES: dict[type[NaiadError], str] = {
     InferenceFailed: "INTERNAL",
     RepositoryError: "UNAVAILABLE",
     ModelControlDisabled: "UNAVAILABLE",
+    Unauthenticated: "UNAUTHENTICATED",
 }
 
 
@@ -116,6 +141,7 @@ ERRORS_BY_NAME: dict[str, type[NaiadError]] = {
         ModelNotFound,
         ModelNotReady,
         Unavailable,
+        Overloaded,
         DeadlineExceeded,
         Unsupported,
         PayloadTooLarge,

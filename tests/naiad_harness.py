@@ -99,15 +99,31 @@ class NaiadServer:
         return [c for c in found if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
 
     def worker_processes(self, model: str | None = None) -> list[psutil.Process]:
-        """``naiad worker`` processes of this server (by their unique ``--cache-dir``)."""
+        """``naiad worker`` processes of this server (by their unique ``--cache-dir``): all of
+        them (warm-pool processes included), or those serving ``model`` — started with
+        ``--model`` it, or warm-pool processes the scaler gave it (its log names their pids)."""
+        claimed = self.claimed_pids(model) if model is not None else set()
         found = []
         for proc in psutil.process_iter(["cmdline", "status"]):
             cmd = proc.info["cmdline"] or []
             if proc.info["status"] == psutil.STATUS_ZOMBIE or "worker" not in cmd:
                 continue
-            if str(self.cache_dir) in cmd and (model is None or model in cmd):
+            if str(self.cache_dir) not in cmd:
+                continue
+            if model is None or model in cmd or ("--pool" in cmd and proc.pid in claimed):
                 found.append(proc)
         return found
+
+    def claimed_pids(self, model: str | None = None) -> set[int]:
+        """Pids the scaler logged as started workers (of ``model``, or of any model)."""
+        started = re.findall(r"started worker pid (\d+) for model '([^']+)'", self.log())
+        return {int(pid) for pid, name in started if model is None or name == model}
+
+    def pool_processes(self) -> list[psutil.Process]:
+        """Idle warm-pool processes: ``naiad worker --pool`` not (yet) given to a model."""
+        claimed = self.claimed_pids()
+        return [p for p in self.worker_processes()
+                if p.pid not in claimed and "--pool" in (p.info["cmdline"] or [])]  # fmt: skip
 
     def stop(self) -> None:
         """SIGINT, wait (SIGKILL after 15 s); assert a clean exit and no process left behind."""

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import pathlib
 import time
 from dataclasses import dataclass
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from naiad.errors import ModelNotFound, ModelNotReady
+from naiad.errors import ModelNotFound, ModelNotReady, RepositoryError
 from naiad.settings import Settings
 from repository_store import ModelCache, ModelEntry, RepositoryStore, index_model, open_store
 from repository_store.cache import PullStats
@@ -95,12 +96,35 @@ class VersionLoader:
         loads, self._loads = self._loads, []
         return loads
 
+    def _pull(self, version: int) -> pathlib.Path:
+        """The version's local folder (a complete cached copy serves even when the store is
+        down). A repository failure is tried ``pull_attempts`` times, waiting
+        ``pull_backoff_s`` and twice as long before each next try; then RepositoryError
+        (503) names the version, the repository and the last error."""
+        assert self.store is not None
+        attempts, wait_s = self.settings.pull_attempts, self.settings.pull_backoff_s
+        for attempt in range(1, attempts + 1):
+            try:
+                return self.cache.ensure_version(self.store, self.model, version)
+            except RepositoryError as exc:
+                if attempt == attempts:
+                    raise RepositoryError(
+                        f"model '{self.model}' version {version} could not be pulled from "
+                        f"{self.store.uri} ({attempts} attempts): {exc.message}"
+                    ) from None
+                logger.warning("pulling model '%s' version %d failed (attempt %d of %d), "
+                               "retrying in %.1f s: %s", self.model, version, attempt, attempts,
+                               wait_s, exc.message)  # fmt: skip
+                time.sleep(wait_s)
+                wait_s *= 2
+        raise AssertionError("unreachable")
+
     def _load(self, version: int) -> ModelRunner:
         assert self.entry is not None and self.entry.config is not None and self.store
         if version not in self.entry.versions:
             raise ModelNotFound(f"model '{self.model}' has no version {version}")
         started = time.perf_counter()
-        folder = self.cache.ensure_version(self.store, self.model, version)
+        folder = self._pull(version)
         pulled = time.perf_counter()
         if self.cache.last_pull is not None and self.cache.last_pull.downloaded:
             self._pulls.append(self.cache.last_pull)

@@ -6,6 +6,10 @@ whose consumer no longer has a current heartbeat (:func:`naiad.keys.workers`) an
 them with ``XCLAIM`` (https://redis.io/docs/latest/commands/xclaim/), so they run again:
 at-least-once execution. ``min_idle_ms`` keeps a just-started consumer's entries safe, and
 ``XCLAIM``'s own idle check makes two reclaiming workers never both win an entry.
+
+The reclaiming worker's own pending entries are taken too: a worker reclaims only between
+batches, so an entry still pending for it then is one whose reply could not be sent (Redis
+was down past the batch's deadline), never one it is running.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ SCAN_COUNT = 100
 async def reclaim_orphans(
     redis: aioredis.Redis, model: str, consumer: str, min_idle_ms: int
 ) -> list[tuple[bytes, dict]]:
-    """Claim for ``consumer`` the pending entries of dead consumers; returns ``(id, fields)``.
+    """Claim for ``consumer`` the pending entries of dead consumers, and its own left over
+    from a failed reply; returns ``(id, fields)``.
 
     Entries deleted meanwhile (answered by their first worker after all) are skipped.
     Dead consumers left with nothing pending are removed from the group.
@@ -33,7 +38,7 @@ async def reclaim_orphans(
     if not pending:
         return []
     live = {m.decode() for m in await redis.zrangebyscore(keys.workers(model), time.time(), "+inf")}
-    orphans = [p["message_id"] for p in pending if p["consumer"].decode() not in live | {consumer}]
+    orphans = [p["message_id"] for p in pending if p["consumer"].decode() not in live - {consumer}]
     if not orphans:
         return []
     claimed = await redis.xclaim(stream, keys.WORKER_GROUP, consumer, min_idle_ms, orphans)

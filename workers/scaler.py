@@ -44,7 +44,7 @@ class LocalScaler:
         self.redis_url = redis_url
         self.redis = connect(redis_url, longest_block_s=settings.scaler_tick_s)
         self.processes: dict[str, list[subprocess.Popen]] = {}
-        self.draining: list[subprocess.Popen] = []  # told to stop (SIGTERM), not yet reaped
+        self.draining: list[tuple[str, subprocess.Popen]] = []  # SIGTERMed, not yet reaped
         self._policies: dict[str, scaling.ScalingPolicy] = {}
         self._registry_generation: bytes | None = None
         self._changed_at: dict[str, float] = {}  # monotonic time of the last start/stop
@@ -136,6 +136,9 @@ class LocalScaler:
         await self._record_decisions(stopped, "stop")
 
     def _decide(self, name: str, demand: int, live: int) -> scaling.Decision:
+        """The policy's decision; workers this scaler already told to stop still heartbeat
+        while they drain, and count as neither live nor starting."""
+        live = max(0, live - sum(1 for model, _ in self.draining if model == name))
         local = self._alive(name)
         load = scaling.ModelLoad(demand, live, starting=max(0, local - live))
         since = time.monotonic() - self._changed_at.get(name, -math.inf)
@@ -168,7 +171,7 @@ class LocalScaler:
         self._policies, self._registry_generation = policies, generation
 
     def _reap(self) -> None:
-        self.draining = [p for p in self.draining if p.poll() is None]
+        self.draining = [(model, p) for model, p in self.draining if p.poll() is None]
 
     async def _record_decisions(self, models: list[str], action: str) -> None:
         if not models:
@@ -194,13 +197,13 @@ class LocalScaler:
         self.processes[model].remove(process)
         with contextlib.suppress(OSError):
             process.terminate()
-        self.draining.append(process)
+        self.draining.append((model, process))
         logger.info("stopping worker pid %d of model '%s' (scale down)", process.pid, model)
 
     def stop_all(self) -> None:
         """SIGTERM every worker at once (each drains), then wait for all of them."""
         everyone = [p for model in list(self.processes) for p in self.processes.pop(model)]
-        everyone += self.draining
+        everyone += [process for _, process in self.draining]
         self.draining = []
         for process in everyone:
             with contextlib.suppress(OSError):

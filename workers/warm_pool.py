@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -40,8 +41,6 @@ from naiad import logs, procs
 from naiad.redis_client import connect
 from naiad.settings import Settings
 from repository_store import RepositoryStore, open_store
-from workers import backends
-from workers.worker import Prepared, Worker
 
 logger = logging.getLogger(__name__)
 
@@ -167,10 +166,16 @@ def _stop(processes: list[subprocess.Popen]) -> None:
 
 async def serve_claim(settings: Settings, parse: Callable[[list[str]], tuple[Settings, str]]) -> int:
     """Prepare, wait for the claim on stdin, then run the claimed worker; its exit code.
-    ``parse`` turns the claimed command's arguments into its settings and model."""
+    ``parse`` turns the claimed command's arguments into its settings and model. (The
+    worker's modules are imported here: the scaler, which imports this module, needs none.)"""
+    from workers import backends  # noqa: PLC0415
+    from workers.worker import Prepared, Worker, process_started_at  # noqa: PLC0415
+
     ready = backends.prepare()
     redis, store = await _connect(settings), await _open(settings)
-    logger.debug("warm-pool process ready (backends: %s)", ", ".join(ready))
+    took_s = time.time() - process_started_at()
+    logger.info("warm-pool process pid %d ready %.3f s after it started (backends: %s)",
+                os.getpid(), took_s, ", ".join(ready), extra={"warm_pool_ready": True})  # fmt: skip
     line = await asyncio.to_thread(sys.stdin.buffer.readline)
     if not line:  # the scaler closed the pipe: not needed
         await _close(redis)

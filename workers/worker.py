@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import time
 import uuid
@@ -36,7 +37,7 @@ from naiad.inference import Tensor
 from naiad.redis_client import connect
 from naiad.settings import Settings
 from repository_store import ModelEntry, RepositoryStore
-from workers import batching, scaling
+from workers import batching, reclaim, scaling
 from workers.batcher import BatchPolicy
 from workers.loader import VersionLoad, VersionLoader
 from workers.model import ModelRunner
@@ -47,6 +48,8 @@ logger = logging.getLogger(__name__)
 #: Longest time a worker whose versions left the policy keeps serving what was queued for
 #: them (it stops earlier at an empty queue or at the first request for a newer version).
 RETIRE_S = 10.0
+#: First and longest wait (seconds) before retrying after a Redis failure.
+REDIS_BACKOFF_S = (0.1, 2.0)
 
 
 @dataclass(frozen=True)
@@ -124,7 +127,7 @@ class Worker:
         log where its time went (:func:`cold_start_phases`)."""
         ready = time.time()
         warm = self.prepared is not None
-        origin = self.prepared.claimed_at if self.prepared else psutil.Process().create_time()
+        origin = self.prepared.claimed_at if self.prepared else process_started_at()
         loads = self.loader.take_loads()
         try:
             async with self.redis.pipeline(transaction=False) as pipe:
@@ -179,8 +182,9 @@ class Worker:
         versions changed (a new version, poll mode) it is False but the worker retires: it
         serves what is still queued for its versions, then exits (see :meth:`_serve`)."""
         loaded = self.loader.entry
-        if loaded is None or await self.redis.get(keys.REGISTRY_GENERATION) == self._generation:
-            return False
+        generation = await self.redis.get(keys.REGISTRY_GENERATION)
+        if loaded is None or generation is None or generation == self._generation:
+            return False  # None: a restarted, empty Redis; a gateway re-indexes, keep serving
         current = await self._registered()
         if current is None or not current.ready:
             why = current.reason if current is not None else "removed"
@@ -225,24 +229,46 @@ class Worker:
             return None
 
     async def _serve(self) -> None:
+        """Serve until idle, told to stop, or retired. A Redis failure (an outage, a restart)
+        never ends the worker: it backs off and tries again; a group lost with a restarted
+        Redis's memory (NOGROUP) is created again."""
         assert self.policy is not None
-        idle_since = time.monotonic()
+        idle_since, backoff = time.monotonic(), REDIS_BACKOFF_S[0]
         while not self.stopping.is_set() and not self._retired():
-            remaining = self.scaling.idle_timeout_s - (time.monotonic() - idle_since)
-            if remaining <= 0:
-                if await self._leave_if_idle():
-                    return
-                idle_since = time.monotonic()  # kept (a late request, or the minimum)
+            try:
+                turn = await self._turn(idle_since)
+            except RedisError as exc:
+                await self._redis_failed(exc, backoff)
+                backoff = min(backoff * 2, REDIS_BACKOFF_S[1])
                 continue
-            block_ms = max(1, int(min(max(remaining, 0.001), 1.0) * 1000))
-            first = await self._reclaim() or await self._read(self.policy.read_count, block_ms)
-            if not first:
-                if self.superseded:
-                    return  # retiring, and nothing more is queued
-                continue
-            batch = await self._gather(first)
-            await self._process(batch)
-            idle_since = time.monotonic()
+            backoff = REDIS_BACKOFF_S[0]
+            if turn is None:
+                return
+            idle_since = turn
+
+    async def _turn(self, idle_since: float) -> float | None:
+        """One turn of the serve loop: the new start of the idle time, or None to exit."""
+        assert self.policy is not None
+        remaining = self.scaling.idle_timeout_s - (time.monotonic() - idle_since)
+        if remaining <= 0:
+            if await self._leave_if_idle():
+                return None
+            return time.monotonic()  # kept (a late request, or the minimum)
+        block_ms = max(1, int(min(max(remaining, 0.001), 1.0) * 1000))
+        first = await self._reclaim() or await self._read(self.policy.read_count, block_ms)
+        if not first:
+            return None if self.superseded else idle_since  # retiring, and nothing is queued
+        batch = await self._gather(first)
+        await self._process(batch)
+        return time.monotonic()
+
+    async def _redis_failed(self, exc: RedisError, backoff_s: float) -> None:
+        logger.warning("redis failed (%s); retrying in %.1f s", exc, backoff_s)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.stopping.wait(), backoff_s)
+        if isinstance(exc, ResponseError) and "NOGROUP" in str(exc):
+            with contextlib.suppress(RedisError):
+                await self._ensure_group()  # a restarted, empty Redis
 
     def _retired(self) -> bool:
         if self._retire_by is not None and time.monotonic() > self._retire_by:
@@ -326,7 +352,29 @@ class Worker:
             requests += await self._read(want, None)
         return requests
 
+    async def _still_ours(self, requests: list[QueuedRequest]) -> list[QueuedRequest]:
+        """The requests still pending for this worker, by one ``XPENDING`` over their id
+        range. One withdrawn by its gateway (the client went away, its deadline passed) or
+        taken over by another worker (this one was frozen past the reclaim time) is not: it
+        is neither run nor answered here, so it runs at most once more than needed."""
+        if not requests:
+            return requests
+        ids = sorted((r.entry_id for r in requests), key=_entry_order)
+        pending = await self.redis.xpending_range(
+            self.stream, keys.WORKER_GROUP, ids[0], ids[-1], len(ids) + reclaim.SCAN_COUNT,
+            consumername=self.worker_id,
+        )  # fmt: skip
+        ours = {p["message_id"] for p in pending}
+        kept = [r for r in requests if r.entry_id in ours]
+        if len(kept) < len(requests):
+            logger.info("skipped %d requests withdrawn or taken over by another worker",
+                        len(requests) - len(kept))  # fmt: skip
+        return kept
+
     async def _process(self, requests: list[QueuedRequest]) -> None:
+        requests = await self._still_ours(requests)
+        if not requests:
+            return
         now = time.time()
         live = await self._hand_over([r for r in requests if r.deadline > now])
         expired = DeadlineExceeded("request expired in the queue")
@@ -404,7 +452,28 @@ class Worker:
         self, pairs: list[tuple[QueuedRequest, bytes]], runs: list[stats.Execution] | None = None
     ) -> None:
         """One pipeline: statistics first (so a gateway that has its reply sees them), then
-        each encoded reply onto its gateway's list, then XACK and XDEL of the entries."""
+        each encoded reply onto its gateway's list, then XACK and XDEL of the entries.
+
+        A Redis failure is retried with backoff until the batch's latest deadline: the
+        gateway still waits on the same reply list, even on a restarted Redis. Past it, the
+        error propagates and the entries stay pending; the reclaim pass takes them again
+        (answered DeadlineExceeded by then). A pipeline cut midway may have pushed some
+        replies: the retry pushes them again and the gateway drops the second copy."""
+        give_up_at = max((queued.deadline for queued, _ in pairs), default=0.0)
+        backoff = REDIS_BACKOFF_S[0]
+        while True:
+            try:
+                return await self._send_replies(pairs, runs)
+            except RedisError as exc:
+                if time.time() + backoff > give_up_at:
+                    raise
+                logger.warning("reply not sent (%s); retrying in %.1f s", exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, REDIS_BACKOFF_S[1])
+
+    async def _send_replies(
+        self, pairs: list[tuple[QueuedRequest, bytes]], runs: list[stats.Execution] | None
+    ) -> None:
         async with self.redis.pipeline(transaction=False) as pipe:
             for run in runs or []:
                 stats.add_execution(pipe, self.model, run)
@@ -424,8 +493,27 @@ class Worker:
             await self._reply([(r, encode_reply(Reply(r.queue_id, error=error))) for r in requests])
 
 
+def _entry_order(entry_id: bytes) -> tuple[int, int]:
+    """A stream entry id ``<ms>-<seq>`` as numbers, for ordering."""
+    ms, _, seq = entry_id.partition(b"-")
+    return int(ms), int(seq or 0)
+
+
 def _tensors(arrays: dict[str, np.ndarray]) -> list[Tensor]:
     return [Tensor(name, datatype_of(a.dtype), list(a.shape), a) for name, a in arrays.items()]
+
+
+def process_started_at() -> float:
+    """Epoch seconds when this process was created, to the kernel's clock tick (10 ms): its
+    age from ``/proc/self/stat`` against ``CLOCK_BOOTTIME``. (psutil's ``create_time`` adds
+    the boot time, which Linux gives in whole seconds: up to 1 s off.)"""
+    try:
+        with open("/proc/self/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        started_s = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: starttime
+        return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - started_s)
+    except (OSError, ValueError, IndexError, AttributeError):  # not Linux
+        return psutil.Process().create_time()
 
 
 def cold_start_phases(

@@ -54,7 +54,7 @@ def model_bytes(repository) -> int:
 
 
 def test_cold_starts_downloads_and_scaler_decisions(naiad_server, example_repository):
-    server = naiad_server(idle_timeout_s=2)
+    server = naiad_server(idle_timeout_s=2, extra_args=["--warm-pool-size", "0"])  # bare processes
     before = scrape(server)
     assert before.value("naiad_model_workers", model="digits") == 0
     assert before.value("naiad_cold_starts_total", model="digits") == 0
@@ -156,6 +156,9 @@ def test_names_types_and_labels_are_tritons(naiad_server):
         "naiad_cold_start_seconds": "histogram",
         "naiad_model_download_bytes_total": "counter",
         "naiad_model_download_seconds_total": "counter",
+        "naiad_model_loads_total": "counter",
+        "naiad_model_load_seconds_total": "counter",
+        "naiad_warm_pool_claims_total": "counter",
         "naiad_scaler_decisions_total": "counter",
     }
     for name, kind in naiad.items():

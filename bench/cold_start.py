@@ -1,0 +1,208 @@
+"""Cold-start benchmark: from a request to a model at zero to its answer, warm pool vs bare.
+
+Starts its own ``naiad serve`` (embedded Redis, free ports, ``--log-format json``) twice on
+the example repository: with ``--warm-pool-size 0`` (every cold start spawns a bare
+``naiad worker`` process) and with ``--warm-pool-size 1`` (a cold start claims a pool
+process that already imported everything). Each time it forces ``--runs`` cold starts of
+``digits``: one request through ``tritonclient.http``, then it waits until the worker left
+(``naiad_model_workers`` back to 0, after the ``--idle-timeout``) and, with the pool, until
+the pool's replacement process logged that it is ready. It prints Markdown: p50/p90/max of
+the client's latency, and the p50 of where the time went, from the worker's "ready" log
+record (:func:`workers.worker.cold_start_phases`) and the statistics extension:
+
+- *to worker*: request sent → the process started (bare) or was claimed (pool): the
+  gateway's enqueue, the scaler's wake-up and its spawn or claim;
+- *start*: bare: interpreter, imports, settings; pool: the claim reaching the process;
+- *registry*, *open*, *pull*, *load*: Redis round trips and registry entry, opening the
+  repository, the local cache check/download, the backend's load;
+- *to answer*: ready → answer at the client: the first read of the queue, the first
+  inference (*compute* of it: Triton's three compute phases), the reply through the gateway.
+
+    .venv/bin/python bench/cold_start.py [--repository BUILT_REPO] [--runs 10] [--pool-sizes 0 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import requests
+import tritonclient.http as httpclient
+
+ROOT = Path(__file__).resolve().parents[1]
+PHASES = ("start", "registry", "open", "pull", "load")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Server:
+    """One ``naiad serve`` with JSON logs in ``workdir/serve.log``."""
+
+    def __init__(self, repo: Path, workdir: Path, pool_size: int, idle_timeout_s: float):
+        self.http, self.metrics_port = free_port(), free_port()
+        self.log_path = workdir / "serve.log"
+        args = [sys.executable, "-m", "naiad.cli", "serve", "--model-repository", str(repo),
+                "--http-port", str(self.http), "--grpc-port", str(free_port()),
+                "--metrics-port", str(self.metrics_port), "--cache-dir", str(workdir / "cache"),
+                "--idle-timeout", str(idle_timeout_s), "--warm-pool-size", str(pool_size),
+                "--log-format", "json"]  # fmt: skip
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        self.wait(lambda: self._get(f"http://127.0.0.1:{self.http}/v2/health/ready"), 60, "ready")
+
+    def _get(self, url: str) -> requests.Response | None:
+        if self.process.poll() is not None:
+            raise SystemExit(f"naiad serve exited:\n{self.log_path.read_text()[-3000:]}")
+        try:
+            response = requests.get(url, timeout=2)
+        except requests.ConnectionError:
+            return None
+        return response if response.ok else None
+
+    def wait(self, condition, timeout_s: float, what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            if time.monotonic() > deadline:
+                raise SystemExit(f"timed out waiting for {what}")
+            time.sleep(0.02)
+
+    def workers(self) -> float:
+        text = self._get(f"http://127.0.0.1:{self.metrics_port}/metrics").text
+        return float(re.search(r'^naiad_model_workers\{model="digits"\} (\S+)$', text, re.M).group(1))
+
+    def records(self) -> list[dict]:
+        found = []
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            if line.startswith("{"):
+                found.append(json.loads(line))
+        return found
+
+    def worker_processes(self) -> int:
+        """``naiad worker`` children of the server: claimed or idle pool processes, bare ones."""
+        count = 0
+        for child in psutil.Process(self.process.pid).children():
+            try:
+                count += child.status() != psutil.STATUS_ZOMBIE and "worker" in child.cmdline()
+            except psutil.NoSuchProcess:
+                pass
+        return count
+
+    def pool_ready_count(self) -> int:
+        return sum("warm_pool_ready" in record for record in self.records())
+
+    def stop(self) -> None:
+        self.process.send_signal(signal.SIGINT)
+        self.process.wait(30)
+
+
+def compute_ns(url: str) -> int:
+    stat = requests.get(f"http://{url}/v2/models/digits/stats", timeout=5).json()["model_stats"][0]
+    return sum(stat["inference_stats"][k]["ns"] for k in ("compute_input", "compute_infer", "compute_output"))
+
+
+def one_cold_start(server: Server, x: np.ndarray) -> dict:
+    url = f"127.0.0.1:{server.http}"
+    before = compute_ns(url)
+    client = httpclient.InferenceServerClient(url, network_timeout=60)
+    tensor = httpclient.InferInput("input", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    sent, t0 = time.time(), time.perf_counter()
+    client.infer("digits", [tensor])
+    total = time.perf_counter() - t0
+    first_compute_s = (compute_ns(url) - before) / 1e9
+    t1 = time.perf_counter()
+    client.infer("digits", [tensor])  # the same request to the worker now up: the baseline
+    hot = time.perf_counter() - t1
+    client.close()
+    cold = [r["cold_start"] for r in server.records() if "cold_start" in r]
+    if not cold or cold[-1]["origin"] < sent - 1.0:  # a worker that was still up answered
+        raise SystemExit("the request found a live worker: no cold start")
+    c = cold[-1]
+    row = {"total": total, "to worker": c["origin"] - sent, **{p: c[p] for p in PHASES},
+           "to answer": sent + total - (c["origin"] + c["seconds"]),
+           "compute": first_compute_s, "hot": hot}  # fmt: skip
+    return row
+
+
+def run_mode(repo: Path, pool_size: int, runs: int, idle_timeout_s: float) -> list[dict]:
+    x = np.random.default_rng(0).uniform(0, 16, (1, 64)).astype(np.float32)
+    with tempfile.TemporaryDirectory(prefix="naiad-bench-") as tmp:
+        server = Server(repo, Path(tmp), pool_size, idle_timeout_s)
+        try:
+            rows = []
+            for index in range(runs):
+                if pool_size:  # the pool's process for this run (the first, or a refill) is ready
+                    server.wait(lambda n=index: server.pool_ready_count() > n, 60, "the warm-pool process")
+                rows.append(one_cold_start(server, x))
+                server.wait(lambda: server.workers() == 0, 60, "the worker's idle exit")
+                # ... and its process gone (one still exiting would delay the next start a tick)
+                server.wait(lambda: server.worker_processes() <= pool_size, 60, "the worker's exit")
+            return rows
+        finally:
+            server.stop()
+
+
+def ms(values: list[float], q: float) -> str:
+    return f"{np.percentile(values, q) * 1000:.1f}"
+
+
+def table(results: dict[int, list[dict]]) -> str:
+    head = ["mode", "runs", "p50 ms", "p90 ms", "max ms", "to worker", *PHASES, "to answer", "(compute)",
+            "hot p50 ms"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for size, rows in results.items():
+        col = {k: [r[k] for r in rows] for k in rows[0]}
+        mode = f"warm pool ({size})" if size else "bare process"
+        phases = ("to worker", *PHASES, "to answer", "compute", "hot")
+        cells = [mode, str(len(rows)), ms(col["total"], 50), ms(col["total"], 90), ms(col["total"], 100),
+                 *(ms(col[k], 50) for k in phases)]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def machine() -> str:
+    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    model = re.search(r"^Model name:\s*(.+)$", lscpu, re.M)
+    cpu = model.group(1).strip() if model else "?"
+    return f"nproc {os.cpu_count()}, CPU {cpu}, Python {sys.version.split()[0]}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repository", type=Path, help="an example repository already built")
+    parser.add_argument("--runs", type=int, default=10, help="cold starts per mode")
+    parser.add_argument("--pool-sizes", type=int, nargs="+", default=[0, 1], help="modes: 0 = bare process")
+    parser.add_argument("--idle-timeout", type=float, default=0.5, help="the workers' idle timeout, s")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="naiad-bench-repo-") as tmp:
+        repo = args.repository
+        if repo is None:
+            repo = Path(tmp) / "models"
+            subprocess.run([sys.executable, str(ROOT / "examples" / "build_repository.py"), str(repo)],
+                           check=True, capture_output=True)  # fmt: skip
+        results = {size: run_mode(repo, size, args.runs, args.idle_timeout) for size in args.pool_sizes}
+    print(f"{args.runs} cold starts of digits per mode; {machine()}\n")
+    print(table(results))
+    print("\nPhases: p50 in ms. 'to worker' = request → process start (bare) or claim (pool); "
+          "'to answer' = worker ready → answer at the client, of which '(compute)' is the first inference; "
+          "'hot' = the same request again, to the worker now up.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,308 @@
+"""Faults with real processes: a frozen worker's duplicate, clients that go away, full
+queues and an overloaded gateway, a Redis that stops and comes back empty, an object store
+that goes away. Each test runs ``naiad serve`` and real workers against a private Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import aiohttp
+import grpc
+import numpy as np
+import psutil
+import pytest
+import redis
+import requests
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from naiad_harness import ROOT, free_port, upload_tree, wait_for
+
+from naiad import keys
+from naiad.redis_server import EmbeddedRedis
+
+STREAM = keys.request_stream("digits")
+
+
+def http_inputs(x: np.ndarray) -> list[httpclient.InferInput]:
+    tensor = httpclient.InferInput("input", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    return [tensor]
+
+
+def grpc_inputs(x: np.ndarray) -> list[grpcclient.InferInput]:
+    tensor = grpcclient.InferInput("input", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    return [tensor]
+
+
+def json_body(x: np.ndarray) -> dict:
+    return {"inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32",
+                        "data": x.flatten().tolist()}]}  # fmt: skip
+
+
+def model_stats(server) -> dict:
+    body = requests.get(f"{server.http}/v2/models/digits/stats", timeout=5).json()
+    return body["model_stats"][0]
+
+
+def failures(server, reason: str) -> float:
+    match = re.search(rf'^nv_inference_request_failure\{{[^}}]*reason="{reason}"[^}}]*\}} (\S+)$',
+                      server.metrics(), re.M)  # fmt: skip
+    return float(match.group(1)) if match else 0.0
+
+
+def frozen_worker(server, client, x):
+    """Warm the model, then SIGSTOP its one worker right after it answered (so it is frozen
+    while blocked in XREADGROUP: Redis still hands it the next entry)."""
+    client.infer("digits", http_inputs(x))
+    (worker,) = server.worker_processes("digits")
+    worker.send_signal(signal.SIGSTOP)
+    return worker
+
+
+def pending_for(r: redis.Redis) -> int:
+    return r.xpending(STREAM, keys.WORKER_GROUP)["pending"]
+
+
+def test_a_frozen_workers_duplicate_never_reaches_the_client(
+    redis_url, naiad_server, digits_holdout, digits_onnx, example_repository, tmp_path
+):
+    """Worker A is frozen holding a request; worker B reclaims and answers it; A resumes.
+    The client gets one, right answer; A never runs the entry (it is no longer pending for A:
+    :meth:`Worker._still_ours`), so the statistics count one execution and one success."""
+    server = naiad_server(redis_url=redis_url, idle_timeout_s=30)
+    client = httpclient.InferenceServerClient(server.url, network_timeout=60)
+    x = digits_holdout[0][:3]
+    a = frozen_worker(server, client, x)
+    before = model_stats(server)
+    r = redis.Redis.from_url(redis_url)
+    answers: list = []
+
+    def call() -> None:
+        try:
+            own = httpclient.InferenceServerClient(server.url, network_timeout=60)  # gevent: per thread
+            answers.append(own.infer("digits", http_inputs(x)))
+        except Exception as exc:  # shown by the assertion below
+            answers.append(exc)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    b, b_log = None, tmp_path / "b.log"
+    try:
+        wait_for(lambda: pending_for(r) == 1, 10, "the frozen worker's claim")
+        with b_log.open("wb") as log:
+            b = subprocess.Popen(
+                [sys.executable, "-m", "naiad.cli", "worker", "--model", "digits", "--redis-url", redis_url,
+                 "--model-repository", str(example_repository), "--idle-timeout", "30",
+                 "--cache-dir", str(tmp_path / "b-cache")],
+                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        caller.join(timeout=40)
+        assert not caller.is_alive(), f"the request was not answered; worker B:\n{b_log.read_text()}"
+    finally:
+        a.send_signal(signal.SIGCONT)
+    try:
+        assert not isinstance(answers[0], Exception), answers[0]
+        np.testing.assert_array_equal(answers[0].as_numpy("label"), digits_onnx.run(["label"], {"input": x})[0])
+        time.sleep(2)  # A, resumed, finds its entry taken (or its read timed out): runs nothing
+    finally:
+        b.terminate()  # drains and exits
+        assert b.wait(30) == 0
+    after = model_stats(server)
+    assert after["execution_count"] == before["execution_count"] + 1
+    assert after["inference_stats"]["success"]["count"] == before["inference_stats"]["success"]["count"] + 1
+    assert r.xlen(STREAM) == 0 and pending_for(r) == 0
+    again = client.infer("digits", http_inputs(x)).as_numpy("label")  # A serves on
+    np.testing.assert_array_equal(again, answers[0].as_numpy("label"))
+    assert len(answers) == 1
+
+
+def test_a_client_that_goes_away_cancels_its_queued_work(redis_url, naiad_server, digits_holdout):
+    """An HTTP client that disconnects and a cancelled gRPC call: their entries are
+    withdrawn; the worker, resumed, runs neither (execution_count unchanged)."""
+    server = naiad_server(redis_url=redis_url, idle_timeout_s=30)
+    client = httpclient.InferenceServerClient(server.url, network_timeout=60)
+    x = digits_holdout[0][:2]
+    worker = frozen_worker(server, client, x)
+    r = redis.Redis.from_url(redis_url)
+    executions = model_stats(server)["execution_count"]
+    try:
+        with pytest.raises(requests.Timeout):
+            requests.post(f"{server.http}/v2/models/digits/infer", json=json_body(x), timeout=1.0)
+        wait_for(lambda: r.xlen(STREAM) == 0 and pending_for(r) == 0, 5, "the HTTP request withdrawn")
+        grpc_client = grpcclient.InferenceServerClient(server.grpc_url)
+        call = grpc_client.async_infer("digits", grpc_inputs(x), callback=lambda result, error: None)
+        wait_for(lambda: r.xlen(STREAM) == 1, 5, "the gRPC request queued")
+        call.cancel()
+        wait_for(lambda: r.xlen(STREAM) == 0 and pending_for(r) == 0, 5, "the gRPC request withdrawn")
+        wait_for(lambda: failures(server, "CANCELED") == 2, 5, "two CANCELED failures")
+    finally:
+        worker.send_signal(signal.SIGCONT)
+    time.sleep(1.5)  # the resumed worker reads what it was handed, and skips it
+    assert model_stats(server)["execution_count"] == executions
+    client.infer("digits", http_inputs(x))  # and serves the next one
+    assert model_stats(server)["execution_count"] == executions + 1
+
+
+def test_a_full_queue_answers_503_with_retry_after_at_once(
+    redis_url, naiad_server, example_repository, tmp_path, digits_holdout
+):
+    """Triton's per-model ``default_queue_policy { max_queue_size }`` (2) over the server's
+    ``--max-queue-size`` (100): the third queued request is refused at once, 503 +
+    Retry-After over HTTP, UNAVAILABLE over gRPC; the queued ones are answered later."""
+    repository = tmp_path / "repo"
+    shutil.copytree(example_repository / "digits", repository / "digits")
+    config = repository / "digits" / "config.pbtxt"
+    config.write_text(config.read_text().replace(
+        "max_queue_delay_microseconds: 2000",
+        "max_queue_delay_microseconds: 2000\n  default_queue_policy { max_queue_size: 2 }",
+    ))  # fmt: skip
+    server = naiad_server(repository=repository, redis_url=redis_url, idle_timeout_s=30,
+                          extra_args=["--max-queue-size", "100"])  # fmt: skip
+    client = httpclient.InferenceServerClient(server.url, network_timeout=60, concurrency=4)
+    x = digits_holdout[0][:1]
+    worker = frozen_worker(server, client, x)
+    r = redis.Redis.from_url(redis_url)
+    try:
+        queued = [client.async_infer("digits", http_inputs(x)) for _ in range(2)]
+        wait_for(lambda: r.xlen(STREAM) == 2, 5, "two queued requests")
+        started = time.monotonic()
+        refused = requests.post(f"{server.http}/v2/models/digits/infer", json=json_body(x), timeout=5)
+        assert time.monotonic() - started < 0.5
+        assert refused.status_code == 503 and refused.headers["Retry-After"] == "1"
+        assert "full" in refused.json()["error"]
+        with pytest.raises(Exception, match="StatusCode.UNAVAILABLE"):
+            grpcclient.InferenceServerClient(server.grpc_url).infer("digits", grpc_inputs(x))
+        assert r.xlen(STREAM) == 2
+    finally:
+        worker.send_signal(signal.SIGCONT)
+    for result in queued:
+        assert result.get_result().as_numpy("label").shape == (1, 1)
+
+
+def test_an_overloaded_gateway_refuses_past_its_inflight_bound(redis_url, naiad_server, digits_holdout):
+    """A burst of 1000 concurrent requests (16 KiB each) at a gateway carrying at most 32:
+    968 are refused at once (503 + Retry-After), and its memory hardly moves."""
+    server = naiad_server(redis_url=redis_url, idle_timeout_s=30, request_timeout_s=30,
+                          extra_args=["--max-inflight", "32", "--max-queue-size", "100000"])  # fmt: skip
+    client = httpclient.InferenceServerClient(server.url, network_timeout=60)
+    x = np.ascontiguousarray(digits_holdout[0][:64])
+    worker = frozen_worker(server, client, x[:1])
+    gateway = psutil.Process(server.process.pid)
+    rss_before = gateway.memory_info().rss
+    body = json_body(x)
+
+    async def burst() -> tuple[list[int], float]:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+
+            async def one() -> int:
+                async with session.post(f"{server.http}/v2/models/digits/infer", json=body) as response:
+                    await response.read()
+                    return response.status
+
+            tasks = [asyncio.create_task(one()) for _ in range(1000)]
+            done, _ = await asyncio.wait(tasks, timeout=10)
+            peak = gateway.memory_info().rss
+            worker.send_signal(signal.SIGCONT)
+            return list(await asyncio.gather(*tasks)), peak
+
+    try:
+        statuses, rss_peak = asyncio.run(burst())
+    finally:
+        worker.send_signal(signal.SIGCONT)
+    assert statuses.count(503) == 968 and statuses.count(200) == 32
+    growth_mib = (rss_peak - rss_before) / 2**20
+    print(f"gateway RSS {rss_before / 2**20:.1f} MiB -> {rss_peak / 2**20:.1f} MiB under the burst")
+    assert growth_mib < 64
+
+
+def test_redis_stops_and_comes_back_empty(tmp_path, naiad_server, digits_holdout, digits_onnx):
+    """Redis stops: 503 within a second, not ready; it comes back empty at the same address:
+    the gateway re-indexes the registry, the worker (the same process) re-creates its group,
+    and requests succeed again without restarting anything."""
+    store = EmbeddedRedis(socket_path=tmp_path / "redis" / "redis.sock")
+    (tmp_path / "redis").mkdir()
+    store.start()
+    try:
+        server = naiad_server(redis_url=store.url, idle_timeout_s=60)
+        client = httpclient.InferenceServerClient(server.url, network_timeout=60)
+        x = digits_holdout[0][:4]
+        expected = digits_onnx.run(["label"], {"input": x})[0]
+        np.testing.assert_array_equal(client.infer("digits", http_inputs(x)).as_numpy("label"), expected)
+        (worker,) = server.worker_processes("digits")
+        store.kill()
+        for _ in range(3):
+            started = time.monotonic()
+            response = requests.post(f"{server.http}/v2/models/digits/infer", json=json_body(x), timeout=5)
+            assert response.status_code == 503, response.text
+            assert time.monotonic() - started < 1.0
+        started = time.monotonic()
+        assert requests.get(f"{server.http}/v2/health/ready", timeout=5).status_code != 200
+        assert time.monotonic() - started < 1.0
+        time.sleep(3)  # the worker, scaler and reply reader see the outage for a while
+        store.start()
+        wait_for(lambda: requests.get(f"{server.http}/v2/health/ready", timeout=5).status_code == 200,
+                 10, "ready again")  # fmt: skip
+        got = client.infer("digits", http_inputs(x)).as_numpy("label")
+        np.testing.assert_array_equal(got, expected)
+        assert worker.is_running() and worker in server.worker_processes("digits")
+        assert server.process.poll() is None
+        assert "indexing again" in server.log()
+    finally:
+        store.stop()
+
+
+def test_cached_models_serve_while_the_object_store_is_down(
+    tmp_path, naiad_server, example_repository, digits_holdout, digits_onnx, monkeypatch
+):
+    """Its own moto server: ``digits`` is pulled once, then the store stops. A fresh worker
+    serves ``digits`` from the local cache; ``digits_copy`` (never pulled) fails after the
+    retries with a 503 that says why."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    port = free_port()
+    moto = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: _answers(endpoint), 30, "moto")
+        import boto3
+
+        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="models")
+        upload_tree(endpoint, "models", example_repository / "digits", "repo/digits")
+        upload_tree(endpoint, "models", example_repository / "digits", "repo/digits_copy")
+        server = naiad_server(repository=f"s3://127.0.0.1:{port}/models/repo", idle_timeout_s=2,
+                              extra_env={"NAIAD_PULL_ATTEMPTS": "3", "NAIAD_PULL_BACKOFF_S": "0.2"})  # fmt: skip
+        client = httpclient.InferenceServerClient(server.url, network_timeout=60)
+        x = digits_holdout[0][:5]
+        expected = digits_onnx.run(["label"], {"input": x})[0]
+        np.testing.assert_array_equal(client.infer("digits", http_inputs(x)).as_numpy("label"), expected)
+        wait_for(lambda: not server.worker_processes("digits"), 20, "scale to zero")
+        moto.terminate()
+        moto.wait(10)
+        assert requests.get(f"{server.http}/v2/health/ready", timeout=10).status_code != 200
+        np.testing.assert_array_equal(client.infer("digits", http_inputs(x)).as_numpy("label"), expected)
+        assert "using the cached digits/1" in server.log()
+        response = requests.post(f"{server.http}/v2/models/digits_copy/infer", json=json_body(x), timeout=60)
+        assert response.status_code == 503, response.text
+        assert "could not be pulled" in response.json()["error"] and "3 attempts" in response.json()["error"]
+        assert "attempt 2 of 3" in server.log()
+    finally:
+        moto.terminate()
+        moto.wait(10)
+
+
+def _answers(url: str) -> bool:
+    try:
+        requests.get(url, timeout=1)
+    except requests.ConnectionError:
+        return False
+    return True

@@ -1,0 +1,124 @@
+"""The warm pool with real processes: ``naiad serve`` and its ``naiad worker --pool`` children.
+
+A pool process holds no model until a cold start claims it; it then serves exactly as a
+bare worker would. The pool refills, shrinks to zero after its idle timeout when asked, and
+never outlives the server (the harness checks for leftovers at teardown)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import psutil
+import pytest
+import tritonclient.http as httpclient
+from naiad_harness import ROOT, wait_for
+from prom_text import parse
+
+from naiad.cli import build_parser, parse_worker_command
+
+
+def infer(server, x: np.ndarray) -> np.ndarray:
+    client = httpclient.InferenceServerClient(server.url, network_timeout=60)
+    try:
+        tensor = httpclient.InferInput("input", list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x)
+        return client.infer("digits", [tensor]).as_numpy("label")
+    finally:
+        client.close()
+
+
+def one_pool_process(server) -> psutil.Process:
+    [process] = wait_for(server.pool_processes, 30, "one idle warm-pool process")
+    return process
+
+
+def counter(server, name: str, model: str = "digits") -> float:
+    return parse(server.metrics()).value(name, model=model)
+
+
+@pytest.fixture
+def x_and_labels(digits_holdout, digits_onnx):
+    x = np.ascontiguousarray(digits_holdout[0][:5])
+    return x, digits_onnx.run(["label"], {"input": x})[0]
+
+
+def test_a_cold_start_claims_the_pool_process_and_the_pool_refills(naiad_server, x_and_labels):
+    x, expected = x_and_labels
+    server = naiad_server(idle_timeout_s=30, extra_args=["--warm-pool-size", "1"])
+    pooled = one_pool_process(server)
+    assert server.workers("digits") == 0 and server.workers("silero_vad") == 0  # holds no model
+    assert server.worker_processes("digits") == []
+
+    np.testing.assert_array_equal(infer(server, x), expected)
+    assert server.worker_processes("digits") == [pooled]  # the same process, now digits'
+    assert server.workers("digits") == 1
+    assert counter(server, "naiad_cold_starts_total") == 1
+    assert counter(server, "naiad_warm_pool_claims_total") == 1
+    assert counter(server, "naiad_model_loads_total") == 1
+    assert "model 'digits' ready" in server.log() and "after the claim" in server.log()
+
+    refill = one_pool_process(server)  # a new idle one took its place
+    assert refill.pid != pooled.pid
+    assert server.workers("silero_vad") == 0
+    np.testing.assert_array_equal(infer(server, x), expected)  # served warm: no new claim
+    assert counter(server, "naiad_cold_starts_total") == 1
+    assert server.pool_processes() == [refill]
+
+
+def test_pool_size_zero_spawns_a_bare_worker(naiad_server, x_and_labels):
+    x, expected = x_and_labels
+    server = naiad_server(extra_args=["--warm-pool-size", "0"])
+    assert server.worker_processes() == []
+    np.testing.assert_array_equal(infer(server, x), expected)
+    [worker] = server.worker_processes("digits")
+    assert "--model" in worker.cmdline() and "--pool" not in worker.cmdline()
+    assert counter(server, "naiad_cold_starts_total") == 1
+    assert counter(server, "naiad_warm_pool_claims_total") == 0
+    assert "after the process started" in server.log()
+    assert server.pool_processes() == []
+
+
+def test_pool_processes_die_with_a_killed_server(naiad_server):
+    server = naiad_server(extra_args=["--warm-pool-size", "2"])
+    pooled = wait_for(lambda: len(server.pool_processes()) == 2 and server.pool_processes(), 30, "2 pooled")
+    server.process.send_signal(signal.SIGKILL)  # no shutdown path: only PR_SET_PDEATHSIG
+    server.process.wait(10)
+    _, alive = psutil.wait_procs(pooled, timeout=10)
+    assert alive == []
+
+
+def test_the_pool_shrinks_to_zero_after_its_idle_timeout_and_refills_on_a_cold_start(
+    naiad_server, x_and_labels
+):
+    x, expected = x_and_labels
+    server = naiad_server(idle_timeout_s=30, extra_args=["--warm-pool-idle-timeout", "4"])
+    wait_for(lambda: not server.pool_processes(), 30, "the pool to shrink to zero")
+    np.testing.assert_array_equal(infer(server, x), expected)  # nothing pooled: a bare process
+    [worker] = server.worker_processes("digits")
+    assert "--model" in worker.cmdline()
+    assert counter(server, "naiad_warm_pool_claims_total") == 0
+    one_pool_process(server)  # the cold start refilled the pool ...
+    wait_for(lambda: not server.pool_processes(), 30, "the pool to shrink again")  # ... until idle
+    assert server.worker_processes("digits") == [worker]  # workers are not the pool's to stop
+
+
+def test_a_pool_process_exits_when_its_stdin_closes(redis_url, example_repository, tmp_path):
+    command = [sys.executable, "-m", "naiad.cli", "worker", "--pool", "--redis-url", redis_url,
+               "--model-repository", str(example_repository), "--cache-dir", str(tmp_path)]  # fmt: skip
+    process = subprocess.Popen(command, cwd=ROOT, stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+    _, stderr = process.communicate(b"", timeout=60)
+    assert process.returncode == 0, stderr.decode()
+
+
+def test_a_claim_names_a_worker_command_line():
+    settings, model = parse_worker_command(["worker", "--model", "digits", "--idle-timeout", "7"])
+    assert model == "digits" and settings.idle_timeout_s == 7
+    with pytest.raises(ValueError):
+        parse_worker_command(["worker", "--pool"])
+    args = build_parser().parse_args(["serve", "--warm-pool-size", "3", "--warm-pool-idle-timeout", "9"])
+    assert (args.warm_pool_size, args.warm_pool_idle_timeout_s) == (3, 9.0)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["worker", "--model", "digits", "--pool"])  # one or the other
