@@ -149,7 +149,7 @@ class QueueDispatcher:
             if entry_id is None:
                 raise Overloaded(f"the queue of model '{request.model}' is full ({max_queue} requests)")
             if live == 0:
-                await self.redis.rpush(keys.SCALER_WAKE, request.model)
+                await self._wake(request.model)
         except RedisError as exc:
             raise Unavailable(f"queue unavailable: {exc}") from None
         return entry_id
@@ -181,6 +181,14 @@ class QueueDispatcher:
             return
         if deleted:
             logger.debug("withdrew entry %s of model '%s'", entry_id, model)
+
+    async def _wake(self, model: str) -> None:
+        """Ask the scaler for a worker. The list is capped (LTRIM): under KEDA no local
+        scaler pops it, and one wake per model is all a scaler needs anyway."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.rpush(keys.SCALER_WAKE, model)
+            pipe.ltrim(keys.SCALER_WAKE, -keys.SCALER_WAKE_MAX, -1)
+            await pipe.execute()
 
     async def _read_replies(self) -> None:
         backoff = 0.1

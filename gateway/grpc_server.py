@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
@@ -31,7 +32,7 @@ from gateway.grpc_codec import (
     to_repository_index,
     to_server_metadata,
 )
-from naiad.errors import GRPC_CODES, ModelNotFound, Unauthenticated, Unsupported, as_naiad_error
+from naiad.errors import GRPC_CODES, InvalidInput, ModelNotFound, Unauthenticated, Unsupported, as_naiad_error
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +75,9 @@ def _guard(behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
 
     async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
+            # An access refusal comes first: a refused client learns nothing of its message.
+            if isinstance(request, Undecodable) and not getattr(behavior, "refusal", False):
+                raise InvalidInput(request.message)
             return await behavior(request, context)
         except grpc.aio.AbortError:
             raise
@@ -81,6 +85,27 @@ def _guard(behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
             await context.abort(*status_of(exc, method))
 
     return call
+
+
+class Undecodable:
+    """What :func:`_tolerant` hands the behavior instead of a request that is not a valid
+    protobuf message, so that it is INVALID_ARGUMENT (grpc itself would answer UNKNOWN)."""
+
+    def __init__(self, message: str):
+        self.message = message
+
+
+def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if deserializer is None:
+        return None
+
+    def parse(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except DecodeError as exc:
+            return Undecodable(f"the request is not a valid protobuf message: {exc}")
+
+    return parse
 
 
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
@@ -100,7 +125,10 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             + ("stream" if handler.response_streaming else "unary")
         )
         guarded = _guard(getattr(handler, kind), handler_call_details.method)
-        return handler._replace(**{kind: guarded})
+        if handler.request_streaming:  # a bad message in a stream: grpc's own UNKNOWN
+            return handler._replace(**{kind: guarded})
+        tolerant = _tolerant(handler.request_deserializer)
+        return handler._replace(request_deserializer=tolerant, **{kind: guarded})
 
 
 class AccessInterceptor(grpc.aio.ServerInterceptor):
@@ -134,6 +162,8 @@ def _refusing(handler: grpc.RpcMethodHandler, error: Unauthenticated) -> grpc.Rp
 
     async def refuse(request: Any, context: grpc.aio.ServicerContext) -> Any:
         raise error
+
+    refuse.refusal = True  # type: ignore[attr-defined]
 
     kind = (
         ("stream" if handler.request_streaming else "unary")

@@ -24,6 +24,9 @@ REGISTRY_GENERATION = f"{REGISTRY}:generation"
 #: blocks on it (BLPOP), so a cold start begins within one round trip.
 SCALER_WAKE = f"{PREFIX}:scaler:wake"
 
+#: Most wake-ups kept in :data:`SCALER_WAKE` (older ones are trimmed: they are duplicates).
+SCALER_WAKE_MAX = 1000
+
 #: Seconds a reply list of a gateway outlives its last reply (a dead gateway's replies vanish).
 REPLY_TTL_S = 60
 

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 import filelock
 
 from naiad.errors import ModelNotFound, RepositoryError
-from repository_store.store import FileInfo, RepositoryStore, validate_model_name
+from repository_store.store import FileInfo, RepositoryStore, validate_model_name, validate_relpath
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +124,8 @@ class ModelCache:
         staging = pathlib.Path(tempfile.mkdtemp(prefix="pull-", dir=self.root / ".tmp"))
         try:
             for info in files:
-                dest = staging.joinpath(*info.path.split("/"))
+                # Checked here too: a listing's path never leaves the staging folder.
+                dest = staging.joinpath(*validate_relpath(info.path))
                 store.fetch_file(model, version, info.path, dest)
                 self._verify(dest, info)
             _manifest_path(folder).unlink(missing_ok=True)

@@ -24,6 +24,10 @@ from repository_store.config import (
 )
 from repository_store.store import FileInfo, RepositoryStore, validate_model_name
 
+#: Largest ``config.pbtxt`` indexed (a real one is a few KiB; Triton sets no limit): a
+#: bigger one makes its model UNAVAILABLE instead of stalling every gateway's index.
+MAX_CONFIG_BYTES = 1024 * 1024
+
 READY = "READY"
 UNAVAILABLE = "UNAVAILABLE"
 
@@ -108,19 +112,22 @@ def index_models(store: RepositoryStore, names: list[str]) -> dict[str, ModelEnt
 
 
 def _index(store: RepositoryStore, name: str, override: ModelConfig | None = None) -> ModelEntry:
-    available = store.list_versions(name)
     try:
+        available = store.list_versions(name)
         config = _config(store, name, available, override)
-    except ConfigError as exc:
+    except ConfigError as exc:  # also UnsafeModelFile: a symlink or key leading out
         return ModelEntry(name, None, reason=exc.message)
     selected = select_versions(config, available)
     entry = ModelEntry(name, config, selected)
     if not selected:
         entry.reason = "no version available under the version policy"
         return entry
-    entry.reason = _missing_files(store, config, selected)
-    if not entry.reason:
-        entry.labels, entry.reason = _labels(store, config)
+    try:
+        entry.reason = _missing_files(store, config, selected)
+        if not entry.reason:
+            entry.labels, entry.reason = _labels(store, config)
+    except ConfigError as exc:
+        entry.reason = exc.message
     entry.state = UNAVAILABLE if entry.reason else READY
     return entry
 
@@ -150,6 +157,8 @@ def _config(
         text, config = b"", override
     else:
         text = store.read_config(name)
+        if text is not None and len(text) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"config.pbtxt is {len(text)} bytes, over the {MAX_CONFIG_BYTES}-byte limit")
         config = parse_config(text, name) if text is not None else ModelConfig(name=name)
     if needs_autocomplete(config):
         try:

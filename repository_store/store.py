@@ -23,7 +23,7 @@ import shutil
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from naiad.errors import ModelNotFound, RepositoryError
+from naiad.errors import ConfigError, ModelNotFound, RepositoryError
 from repository_store.uri import parse_repository_uri
 
 CONFIG_FILENAME = "config.pbtxt"
@@ -68,6 +68,28 @@ def _validate_version(version: int) -> int:
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise ModelNotFound(f"invalid model version {version!r}")
     return version
+
+
+class UnsafeModelFile(ConfigError):
+    """A model folder holds something that would reach outside the repository: a symlink
+    whose target is outside the root, or an S3 key with ``..``, an empty or absolute part.
+    A :class:`ConfigError`, so the index marks that one model UNAVAILABLE with this reason."""
+
+
+def validate_relpath(path: str) -> list[str]:
+    """The '/'-separated parts of a path inside a model or version folder; raises
+    :class:`RepositoryError` for an empty, absolute, ``.``/``..`` or NUL-holding path."""
+    return _validate_relpath(path)
+
+
+def _checked_listing(infos: list[FileInfo], where: str) -> list[FileInfo]:
+    """``infos`` if every path is a safe relative path, else :class:`UnsafeModelFile`."""
+    for info in infos:
+        try:
+            _validate_relpath(info.path)
+        except RepositoryError:
+            raise UnsafeModelFile(f"{where} holds an unsafe object key {info.path[:80]!r}") from None
+    return infos
 
 
 def _validate_relpath(path: str) -> list[str]:
@@ -166,6 +188,8 @@ class LocalStore(RepositoryStore):
     def __init__(self, root: str | os.PathLike[str]):
         self.root = pathlib.Path(os.path.abspath(root))
         self.uri = str(self.root)
+        #: The root with symlinks resolved: every file served must resolve inside it.
+        self.real_root = os.path.realpath(self.root)
 
     def __repr__(self) -> str:
         return f"LocalStore({self.uri!r})"
@@ -191,6 +215,7 @@ class LocalStore(RepositoryStore):
 
     def read_model_file(self, model: str, filename: str) -> bytes | None:
         path = self._model_dir(model).joinpath(*_validate_relpath(filename))
+        self._contained(path, f"{model}/{filename}")
         try:
             return path.read_bytes()
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
@@ -204,11 +229,12 @@ class LocalStore(RepositoryStore):
         if not folder.is_dir():
             return []
         with _os_errors(f"listing {model}/{version}"):
-            return sorted(_walk(folder), key=lambda info: info.path)
+            return sorted(_walk(folder, root=self.real_root), key=lambda info: info.path)
 
     def fetch_file(self, model: str, version: int, path: str, dest: pathlib.Path) -> None:
         source = self._model_dir(model) / str(_validate_version(version))
         source = source.joinpath(*_validate_relpath(path))
+        self._contained(source, f"{model}/{version}/{path}")
         dest.parent.mkdir(parents=True, exist_ok=True)
         with _os_errors(f"copying {model}/{version}/{path}"):
             shutil.copyfile(source, dest)
@@ -221,14 +247,14 @@ class LocalStore(RepositoryStore):
         if not folder.is_dir():
             return []
         with _os_errors(f"listing {model}"):
-            return sorted(_walk(folder), key=lambda info: info.path)
+            return sorted(_walk(folder, root=self.real_root), key=lambda info: info.path)
 
     def fingerprints(self) -> dict[str, str]:
         with _os_errors(f"listing {self.uri}"):
             if not self.root.is_dir():
                 raise RepositoryError(f"model repository {self.uri} is not a readable folder")
             models = [e.name for e in os.scandir(self.root) if e.is_dir() and _is_model_name(e.name)]
-            return {name: _digest(_walk(self.root / name, folders=True)) for name in sorted(models)}
+            return {name: _fingerprint(self.root / name, self.real_root) for name in sorted(models)}
 
     def put_file(
         self, model: str, path: str, source: pathlib.Path, progress: Callable[[int], None] | None = None
@@ -255,12 +281,35 @@ class LocalStore(RepositoryStore):
         folder = self.root / validate_model_name(model)
         if not self.root.is_dir():
             raise RepositoryError(f"model repository {self.uri} is not a readable folder")
+        self._contained(folder, model)
         return folder
 
+    def _contained(self, path: pathlib.Path, what: str) -> None:
+        """:class:`UnsafeModelFile` unless ``path`` (symlinks resolved) is inside the root:
+        a symlink in the repository may point elsewhere inside it, never out of it."""
+        if os.path.lexists(path) and not _inside(os.path.realpath(path), self.real_root):
+            raise UnsafeModelFile(f"{what} is a symlink that leads outside the model repository")
 
-def _walk(folder: pathlib.Path, folders: bool = False) -> Iterator[FileInfo]:
-    """Files under ``folder`` (and, with ``folders``, each empty subfolder as ``path/``)."""
+
+def _inside(real: str, real_root: str) -> bool:
+    return real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)
+
+
+def _walk(folder: pathlib.Path, folders: bool = False, root: str | None = None) -> Iterator[FileInfo]:
+    """Files under ``folder`` (and, with ``folders``, each empty subfolder as ``path/``).
+
+    Symlinks are followed, but with ``root`` (a resolved path) one that leads outside it is
+    :class:`UnsafeModelFile`, and a folder reached twice (a symlink loop) is walked once."""
+    seen: set[str] = set()
     for dirpath, dirs, files in os.walk(folder, followlinks=True):
+        if root is not None:
+            real = os.path.realpath(dirpath)
+            if not _inside(real, root):
+                raise UnsafeModelFile(f"{dirpath} is a symlink that leads outside the model repository")
+            if real in seen:
+                dirs[:] = []
+                continue
+            seen.add(real)
         if folders and not dirs and not files and dirpath != str(folder):
             rel = pathlib.Path(dirpath).relative_to(folder).as_posix()
             yield FileInfo(path=rel + "/", size=0, etag="")
@@ -272,8 +321,19 @@ def _walk(folder: pathlib.Path, folders: bool = False) -> Iterator[FileInfo]:
                 stat = full.stat()
             except FileNotFoundError:  # a dangling symlink: not a file of the model
                 continue
+            if root is not None and not _inside(os.path.realpath(full), root):
+                raise UnsafeModelFile(f"{full} is a symlink that leads outside the model repository")
             rel = full.relative_to(folder).as_posix()
             yield FileInfo(path=rel, size=stat.st_size, etag=f"{stat.st_mtime_ns}-{stat.st_size}")
+
+
+def _fingerprint(folder: pathlib.Path, root: str) -> str:
+    """A local model folder's fingerprint; one holding an escaping symlink gets a fixed one
+    (its index entry says why it is unavailable)."""
+    try:
+        return _digest(list(_walk(folder, folders=True, root=root)))
+    except UnsafeModelFile:
+        return "unsafe"
 
 
 def _digest(infos: Iterable[FileInfo]) -> str:
@@ -348,7 +408,7 @@ class S3Store(RepositoryStore):
             for obj in self._objects(folder)
             if not obj["Key"].endswith("/")
         ]
-        return sorted(infos, key=lambda info: info.path)
+        return sorted(_checked_listing(infos, f"{model}/{version}"), key=lambda info: info.path)
 
     def fetch_file(self, model: str, version: int, path: str, dest: pathlib.Path) -> None:
         parts = _validate_relpath(path)
@@ -369,7 +429,7 @@ class S3Store(RepositoryStore):
     def list_model_files(self, model: str) -> list[FileInfo]:
         folder = self._key(validate_model_name(model)) + "/"
         infos = [_info(obj, folder) for obj in self._objects(folder) if not obj["Key"].endswith("/")]
-        return sorted(infos, key=lambda info: info.path)
+        return sorted(_checked_listing(infos, model), key=lambda info: info.path)
 
     def fingerprints(self) -> dict[str, str]:
         root = self._key() + "/" if self.prefix else ""

@@ -108,8 +108,8 @@ class WarmPool:
 
     async def _keep(self) -> None:
         while True:
+            self._changed.clear()  # before the step: a claim during it is not missed
             wait_s = await self._step()
-            self._changed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), wait_s)
 

@@ -14,7 +14,6 @@ import threading
 import time
 
 import aiohttp
-import grpc
 import numpy as np
 import psutil
 import pytest
@@ -110,7 +109,8 @@ def test_a_frozen_workers_duplicate_never_reaches_the_client(
         a.send_signal(signal.SIGCONT)
     try:
         assert not isinstance(answers[0], Exception), answers[0]
-        np.testing.assert_array_equal(answers[0].as_numpy("label"), digits_onnx.run(["label"], {"input": x})[0])
+        expected = digits_onnx.run(["label"], {"input": x})[0]
+        np.testing.assert_array_equal(answers[0].as_numpy("label"), expected)
         time.sleep(2)  # A, resumed, finds its entry taken (or its read timed out): runs nothing
     finally:
         b.terminate()  # drains and exits
@@ -188,7 +188,7 @@ def test_a_full_queue_answers_503_with_retry_after_at_once(
 
 
 def test_an_overloaded_gateway_refuses_past_its_inflight_bound(redis_url, naiad_server, digits_holdout):
-    """A burst of 1000 concurrent requests (16 KiB each) at a gateway carrying at most 32:
+    """A burst of 1000 concurrent requests (~21 KB of JSON each) at a gateway carrying at most 32:
     968 are refused at once (503 + Retry-After), and its memory hardly moves."""
     server = naiad_server(redis_url=redis_url, idle_timeout_s=30, request_timeout_s=30,
                           extra_args=["--max-inflight", "32", "--max-queue-size", "100000"])  # fmt: skip
@@ -276,11 +276,16 @@ def test_cached_models_serve_while_the_object_store_is_down(
         wait_for(lambda: _answers(endpoint), 30, "moto")
         import boto3
 
-        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="models")
+        s3 = boto3.client("s3", endpoint_url=endpoint)
+        s3.create_bucket(Bucket="models")
         upload_tree(endpoint, "models", example_repository / "digits", "repo/digits")
         upload_tree(endpoint, "models", example_repository / "digits", "repo/digits_copy")
+        config = (example_repository / "digits" / "config.pbtxt").read_text()
+        s3.put_object(Bucket="models", Key="repo/digits_copy/config.pbtxt",
+                      Body=config.replace('name: "digits"', 'name: "digits_copy"').encode())  # fmt: skip
+        retries = {"NAIAD_PULL_ATTEMPTS": "3", "NAIAD_PULL_BACKOFF_S": "0.2"}
         server = naiad_server(repository=f"s3://127.0.0.1:{port}/models/repo", idle_timeout_s=2,
-                              extra_env={"NAIAD_PULL_ATTEMPTS": "3", "NAIAD_PULL_BACKOFF_S": "0.2"})  # fmt: skip
+                              extra_env=retries)  # fmt: skip
         client = httpclient.InferenceServerClient(server.url, network_timeout=60)
         x = digits_holdout[0][:5]
         expected = digits_onnx.run(["label"], {"input": x})[0]

@@ -1,7 +1,8 @@
 """Restricted API groups on a real ``naiad serve``, driven by ``tritonclient`` (http and grpc):
 for each group the right key, a wrong key of the same length, one of another length, and none.
 The groups come from the environment (``NAIAD_HTTP_RESTRICTED_API``,
-``NAIAD_GRPC_RESTRICTED_PROTOCOL``; the flags are parsed in test_access.py); no key may show in any log line, with every logger at DEBUG."""
+``NAIAD_GRPC_RESTRICTED_PROTOCOL``; the flags are parsed in test_access.py); no key may show
+in any log line, with every logger at DEBUG."""
 
 from __future__ import annotations
 

@@ -59,7 +59,7 @@ REQUEST_HEADER = headers({
 REPLY_HEADER = headers({
     "q": st.text(max_size=8), "ok": st.booleans(), "st": st.dictionaries(st.text(max_size=4), INTS),
     "out": st.lists(SPEC, max_size=3),
-    "e": st.lists(st.text(max_size=16) | st.sampled_from(["InvalidInput", "NaiadError", "Bogus"]), max_size=3),
+    "e": st.lists(st.text(max_size=16) | st.sampled_from(["InvalidInput", "Bogus"]), max_size=3),
 })  # fmt: skip
 
 

@@ -74,3 +74,24 @@ def test_failure_reasons_follow_triton():
     assert stats.failure_reason(InferenceFailed("backend raised")) == "BACKEND"
     for other in (Unavailable("redis"), ModelNotReady("broken"), RuntimeError("?")):
         assert stats.failure_reason(other) == "OTHER"
+
+
+def test_loads_and_warm_pool_claims_are_counted(redis_url):
+    async def record_and_read() -> telemetry.ModelTelemetry:
+        redis = connect(redis_url)
+        try:
+            async with redis.pipeline(transaction=False) as pipe:
+                telemetry.add_cold_start(pipe, "w", 0.02, warm_pool=True)
+                telemetry.add_cold_start(pipe, "w", 0.6)
+                telemetry.add_load(pipe, "w", 0.004)
+                telemetry.add_load(pipe, "w", 0.05)
+                await pipe.execute()
+            (found,) = await telemetry.snapshot(redis, [("w", [1])])
+            return found
+        finally:
+            await redis.aclose()
+
+    found = asyncio.run(record_and_read())
+    assert found.cold_starts.count == 2 and found.warm_pool_claims == 1
+    assert dict(found.cold_starts.buckets)[0.025] == 1  # a warm-pool claim has its own buckets
+    assert found.loads == 2 and math.isclose(found.load_seconds, 0.054)
