@@ -16,7 +16,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from naiad import logs, tracing
+from naiad import logs, procs, tracing
 from naiad.settings import Settings, parse_cache_config
 
 
@@ -310,6 +310,7 @@ def _check_access(settings: Settings) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    procs.adopt_parent_death()  # a worker started by the scaler dies with it
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

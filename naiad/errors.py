@@ -123,6 +123,7 @@ GRPC_CODES: dict[type[NaiadError], str] = {
     ModelNotFound: "NOT_FOUND",
     ModelNotReady: "UNAVAILABLE",
     Unavailable: "UNAVAILABLE",
+    Overloaded: "UNAVAILABLE",
     DeadlineExceeded: "DEADLINE_EXCEEDED",
     Unsupported: "UNIMPLEMENTED",
     PayloadTooLarge: "RESOURCE_EXHAUSTED",

@@ -16,7 +16,8 @@ gets a ``state``:
 Latency percentiles (p50, p99) are estimated from the request-duration histogram the
 gateway keeps per model version (:data:`naiad.stats.REQUEST_BUCKETS_S`), by linear
 interpolation within a bucket as Prometheus's ``histogram_quantile`` does; the mean comes
-from Triton's statistics (summed duration over count). :func:`run_status` draws the snapshot with ``rich`` (a table, refreshed in place).
+from Triton's statistics (summed duration over count). :func:`run_status` draws the snapshot
+with ``rich`` (a table, refreshed in place).
 """
 
 from __future__ import annotations

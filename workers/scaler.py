@@ -186,7 +186,7 @@ class LocalScaler:
 
     def start_worker(self, model: str) -> subprocess.Popen:
         command = self.worker_command(model)
-        process = self.pool.claim(command) or procs.spawn(command)  # a warm-pool process, if idle
+        process = self.pool.claim(command) or procs.spawn_python(command)  # a warm-pool one if idle
         self.processes.setdefault(model, []).append(process)
         logger.info("started worker pid %d for model '%s'", process.pid, model)
         return process

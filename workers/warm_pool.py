@@ -131,7 +131,7 @@ class WarmPool:
         if len(self.idle) < self.size and now < self._refill_at:
             return self._refill_at - now
         while len(self.idle) < self.size:
-            self.idle.append(procs.spawn(self.command, stdin=subprocess.PIPE))
+            self.idle.append(procs.spawn_python(self.command, stdin=subprocess.PIPE))
         if self.idle_timeout_s is None:
             return CHECK_S
         return min(CHECK_S, self.idle_timeout_s - (now - self._last_cold_start))

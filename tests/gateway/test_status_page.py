@@ -28,7 +28,8 @@ def _row(**values) -> dict:
     row = {
         "name": "m", "state": "asleep", "reason": "", "versions": ["1"], "workers": 0, "queue": 0,
         "in_flight": 0, "success": 0, "failure": 0, "inferences": 0, "executions": 0,
-        "avg_latency_ms": None, "p50_ms": None, "p99_ms": None, "cache_hits": 0, "cache_misses": 0, "cache_hit_ratio": None,
+        "avg_latency_ms": None, "p50_ms": None, "p99_ms": None,
+        "cache_hits": 0, "cache_misses": 0, "cache_hit_ratio": None,
         "cold_starts": 0, "cold_start_avg_s": None, "last_inference_ms": 0,
     }  # fmt: skip
     return row | values
