@@ -29,6 +29,10 @@ from repository_store import ModelEntry
 from workers import scaling
 from workers.warm_pool import WarmPool, pool_command
 
+#: Seconds a worker this scaler started may go without any heartbeat of its model before it
+#: counts as stuck and is killed (a worker heartbeats first thing, within a second).
+START_TIMEOUT_S = 30.0
+
 #: Wake-ups taken from the list in one go after the blocking pop (a burst of requests to a
 #: model at zero pushes one each; one reconciliation answers them all).
 WAKE_BATCH = 1000
@@ -48,6 +52,8 @@ class LocalScaler:
         self._policies: dict[str, scaling.ScalingPolicy] = {}
         self._registry_generation: bytes | None = None
         self._changed_at: dict[str, float] = {}  # monotonic time of the last start/stop
+        self._started_at: dict[int, float] = {}  # pid -> monotonic time it was started
+        self._live_seen: dict[str, float] = {}  # model -> monotonic time a worker was live
         self.pool = WarmPool(settings, pool_command(settings, redis_url, self.log_flags()))
 
     def worker_command(self, model: str) -> list[str]:
@@ -102,6 +108,8 @@ class LocalScaler:
 
     def _alive(self, model: str) -> int:
         running = [p for p in self.processes.get(model, []) if p.poll() is None]
+        for gone in set(self.processes.get(model, [])) - set(running):
+            self._started_at.pop(gone.pid, None)
         self.processes[model] = running
         return len(running)
 
@@ -139,10 +147,29 @@ class LocalScaler:
         """The policy's decision; workers this scaler already told to stop still heartbeat
         while they drain, and count as neither live nor starting."""
         live = max(0, live - sum(1 for model, _ in self.draining if model == name))
+        if live:
+            self._live_seen[name] = time.monotonic()
+        else:
+            self._kill_stuck(name)
         local = self._alive(name)
         load = scaling.ModelLoad(demand, live, starting=max(0, local - live))
         since = time.monotonic() - self._changed_at.get(name, -math.inf)
         return scaling.decide(self.policy(name), load, since, self.settings.scale_down_period_s)
+
+    def _kill_stuck(self, name: str) -> None:
+        """SIGKILL this model's workers that never heartbeat within :data:`START_TIMEOUT_S`
+        (hung before they could serve): left alone they would count as starting forever and
+        block every new start. Their claimed requests, if any, are reclaimed."""
+        now = time.monotonic()
+        for process in list(self.processes.get(name, [])):
+            since = max(self._started_at.get(process.pid, now), self._live_seen.get(name, -math.inf))
+            if process.poll() is None and now - since > START_TIMEOUT_S:
+                logger.warning("worker pid %d of '%s' never became live: killing it", process.pid, name)
+                with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                    process.kill()
+                    process.wait(1)
+                self.processes[name].remove(process)
+                self._started_at.pop(process.pid, None)
 
     def policy(self, name: str) -> scaling.ScalingPolicy:
         """The policy of model ``name`` as of the last registry read (server defaults, no
@@ -188,6 +215,7 @@ class LocalScaler:
         command = self.worker_command(model)
         process = self.pool.claim(command) or procs.spawn_python(command)  # a warm-pool one if idle
         self.processes.setdefault(model, []).append(process)
+        self._started_at[process.pid] = time.monotonic()
         logger.info("started worker pid %d for model '%s'", process.pid, model)
         return process
 
