@@ -42,7 +42,8 @@ def test_scale_from_zero_and_back(naiad_server, digits_onnx, digits_holdout):
 
     wait_for(lambda: server.workers("digits") == 0, 20, "the metric to return to 0")
     wait_for(lambda: not server.worker_processes("digits"), 20, "the idle worker to exit")
-    assert not first.is_running() or first.status() == psutil.STATUS_ZOMBIE
+    # An exiting process loses its command line before it is gone: wait for the pid itself.
+    wait_for(lambda: not first.is_running() or first.status() == psutil.STATUS_ZOMBIE, 10, "exit")
 
     np.testing.assert_array_equal(infer_label(server, x), expected)  # second cold start
     [second] = server.worker_processes("digits")
