@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import pathlib
 import signal
 import sys
@@ -92,7 +93,9 @@ def _add(parser: argparse.ArgumentParser, flags: dict) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="naiad", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="naiad", description="Naiad: a scale-to-zero KServe v2 / Triton inference gateway."
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     for name, text, flags in (
         ("serve", "gateway + scaler (+ embedded Redis) on one machine", GATEWAY_FLAGS | SCALER_FLAGS),
@@ -145,8 +148,16 @@ def _settings(args: argparse.Namespace) -> Settings:
     return Settings(**values, **parse_cache_config(getattr(args, "cache_config", [])))
 
 
-async def _until_signal(*runners) -> None:
-    """Run ``runners(stop_event)`` until SIGINT/SIGTERM, then let each finish cleanly."""
+logger = logging.getLogger(__name__)
+
+#: Seconds a shutdown may take beyond the in-flight grace before the rest is cancelled
+#: (stopping workers, closing clients): Ctrl-C always ends what the command started.
+SHUTDOWN_MARGIN_S = 15.0
+
+
+async def _until_signal(*runners, grace_s: float = 0.0) -> None:
+    """Run ``runners(stop_event)`` until SIGINT/SIGTERM, then let each finish cleanly within
+    ``grace_s`` + :data:`SHUTDOWN_MARGIN_S` seconds; past that, cancel what is left."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -155,10 +166,15 @@ async def _until_signal(*runners) -> None:
     done, _ = await asyncio.wait([asyncio.create_task(stop.wait()), *tasks],
                                  return_when=asyncio.FIRST_COMPLETED)
     stop.set()
+    logger.info("shutting down (in-flight requests get %g s)", grace_s)
     for task in tasks:
         if task in done:
             task.result()
-    await asyncio.gather(*tasks)
+    _, pending = await asyncio.wait(tasks, timeout=grace_s + SHUTDOWN_MARGIN_S)
+    for task in pending:
+        logger.error("shutdown still waiting after %g s: cancelling %s", grace_s + SHUTDOWN_MARGIN_S, task)
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=bool(pending))
 
 
 def _scaler_runner(settings: Settings, redis_url: str):
@@ -212,7 +228,7 @@ def cmd_serve(settings: Settings, with_gateway: bool = True, with_scaler: bool =
         else:
             runners = [_gateway_runner(settings, redis_url)]
         try:
-            asyncio.run(_until_signal(*runners))
+            asyncio.run(_until_signal(*runners, grace_s=settings.shutdown_grace_s))
         except OSError as exc:  # a port already taken, an address that cannot be bound
             print(f"naiad: cannot serve: {exc}", file=sys.stderr)
             return 1

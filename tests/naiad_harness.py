@@ -25,7 +25,10 @@ import requests
 
 ROOT = Path(__file__).resolve().parents[1]
 READY_TIMEOUT_S = 30.0
-STOP_TIMEOUT_S = 15.0
+# naiad serve bounds its own shutdown (grace + naiad.cli.SHUTDOWN_MARGIN_S, then the workers'
+# stop); servers here get a short grace, so this is generous for a loaded 2-core machine.
+STOP_TIMEOUT_S = 30.0
+SHUTDOWN_GRACE_S = 3
 
 
 def free_port() -> int:
@@ -172,6 +175,7 @@ def start_server(
         "--grpc-port", str(grpc_port),
         "--idle-timeout", str(idle_timeout_s),
         "--cache-dir", str(cache_dir),
+        "--shutdown-grace", str(SHUTDOWN_GRACE_S),
     ]  # fmt: skip
     if redis_url:
         args += ["--redis-url", redis_url]
