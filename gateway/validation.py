@@ -8,6 +8,8 @@ dimension of 1..max_batch_size, the same for all inputs; ``-1`` in ``dims`` matc
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.datatypes import config_to_datatype
@@ -60,6 +62,18 @@ def _check_input(config: mc.ModelConfig, spec: mc.ModelInput, tensor: Tensor) ->
     return batch
 
 
+def _unique_known(kind: str, names: list[str], known: Collection[str], model: str) -> set[str]:
+    """``names`` as a set; InvalidInput for a name not in ``known`` or given twice."""
+    seen: set[str] = set()
+    for name in names:
+        if name not in known:
+            raise InvalidInput(f"unexpected inference {kind} '{name}' for model '{model}'")
+        if name in seen:
+            raise InvalidInput(f"{kind} '{name}' is given more than once")
+        seen.add(name)
+    return seen
+
+
 def validate_request(config: mc.ModelConfig, request: InferRequest) -> None:
     """Raise :class:`InvalidInput` unless ``request`` fits ``config``.
 
@@ -69,27 +83,12 @@ def validate_request(config: mc.ModelConfig, request: InferRequest) -> None:
     Element counts against shapes are checked when the tensors are decoded.
     """
     specs = {spec.name: spec for spec in config.input}
-    seen: set[str] = set()
-    batches: set[int] = set()
-    for tensor in request.inputs:
-        if tensor.name not in specs:
-            raise InvalidInput(f"unexpected inference input '{tensor.name}' for model '{config.name}'")
-        if tensor.name in seen:
-            raise InvalidInput(f"input '{tensor.name}' is given more than once")
-        seen.add(tensor.name)
-        batch = _check_input(config, specs[tensor.name], tensor)
-        if batch is not None:
-            batches.add(batch)
+    seen = _unique_known("input", [t.name for t in request.inputs], specs, config.name)
+    batches = {_check_input(config, specs[t.name], t) for t in request.inputs} - {None}
     missing = [name for name, spec in specs.items() if name not in seen and not spec.optional]
     if missing:
         raise InvalidInput(f"expected inputs {sorted(missing)} for model '{config.name}'")
     if len(batches) > 1:
         raise InvalidInput(f"inputs disagree on the batch size: {sorted(batches)}")
     outputs = {spec.name for spec in config.output}
-    asked: set[str] = set()
-    for requested in request.outputs:
-        if requested.name not in outputs:
-            raise InvalidInput(f"unexpected inference output '{requested.name}' for model '{config.name}'")
-        if requested.name in asked:
-            raise InvalidInput(f"output '{requested.name}' is requested more than once")
-        asked.add(requested.name)
+    _unique_known("output", [o.name for o in request.outputs], outputs, config.name)
