@@ -191,7 +191,9 @@ def test_an_overloaded_gateway_refuses_past_its_inflight_bound(redis_url, naiad_
     """A burst of 1000 concurrent requests (~21 KB of JSON each) at a gateway carrying at most 32:
     968 are refused at once (503 + Retry-After), and its memory hardly moves."""
     server = naiad_server(redis_url=redis_url, idle_timeout_s=30, request_timeout_s=30,
-                          extra_args=["--max-inflight", "32", "--max-queue-size", "100000"])  # fmt: skip
+                          # one worker, the frozen one: a second would drain the admitted requests
+                          extra_args=["--max-inflight", "32", "--max-queue-size", "100000",
+                                      "--max-workers", "1"])  # fmt: skip
     client = httpclient.InferenceServerClient(server.url, network_timeout=60)
     x = np.ascontiguousarray(digits_holdout[0][:64])
     worker = frozen_worker(server, client, x[:1])
