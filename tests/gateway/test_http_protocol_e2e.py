@@ -45,8 +45,7 @@ def client(server):
 
 @pytest.fixture(scope="module")
 def grpc_url(server):
-    args = list(server.process.args)
-    return f"127.0.0.1:{args[args.index('--grpc-port') + 1]}"
+    return server.grpc_url
 
 
 def reference(session, x: np.ndarray) -> dict[str, np.ndarray]:
