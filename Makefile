@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 REPO ?= model_repository
 SILERO_VAD := silero-vad==6.2.3
 
-.PHONY: serve test demo install repo lint clean
+.PHONY: serve test demo install repo lint clean bench-setup bench-overhead bench-throughput bench-peers bench-coldstart bench-cache bench-profile
 
 $(BIN)/naiad: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,19 @@ demo: repo
 test: install
 	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && apt-get update -qq && apt-get install -y -qq chromium; } || echo "chromium not installed: the status page's browser test will be skipped"
 	$(BIN)/python -m pytest -q
+
+# Benchmarks (docs/benchmarks.md). bench-setup: MLServer and KServe in their own venvs under .bench/.
+bench-setup: install
+	bash bench/peers/setup.sh
+
+bench-overhead bench-throughput bench-coldstart bench-cache: install
+	$(BIN)/python -m bench.scenarios $(@:bench-%=%) $(BENCH_ARGS)
+
+bench-peers: bench-setup
+	$(BIN)/python -m bench.scenarios peers $(BENCH_ARGS)
+
+bench-profile: install
+	$(BIN)/python -m bench.perf.profile $(BENCH_ARGS)
 
 lint: install
 	$(BIN)/ruff check .

@@ -1,12 +1,24 @@
 """Build Naiad's example Triton model repository into OUT_DIR.
 
-Two models, both from data shipped inside installed packages (nothing is downloaded):
+Seven models, all from data shipped inside installed packages (nothing is downloaded):
 
 - ``digits``: a small MLP trained on scikit-learn's handwritten digits (the 360-row holdout of
   ``digits_data.py`` is never seen in training), exported with skl2onnx. ``max_batch_size: 64``
   with dynamic batching; input ``input`` FP32 [64] (raw 0..16 pixels), outputs
   ``probabilities`` FP32 [10] (with ``labels.txt`` for the classification extension) and
   ``label`` INT64 [1].
+- ``digits_pytorch`` and ``digits_tensorflow``: the same trained classifier (the same weights,
+  taken from the fitted scikit-learn pipeline) as TorchScript (``pytorch_libtorch``, Triton's
+  ``input__0``/``output__0``/``output__1`` naming) and as a SavedModel
+  (``tensorflow_savedmodel``, the ONNX model's tensor names as signature keys); each is checked
+  to give the ONNX model's outputs on the holdout (probabilities within 1e-5, same labels).
+- ``digits_ensemble`` (``platform: "ensemble"``), Triton's classic preprocessing ensemble:
+  ``digits_preprocess`` (Python backend, ``digits_preprocess_model.py`` as its ``model.py``)
+  turns raw 8x8 UINT8 images (pixels 0..16) into FP32 [64] features normalised with the
+  training split's StandardScaler statistics (``normalization.json``), and ``digits_mlp``
+  (the same trained MLP without its scaler, ONNX) classifies them. The ensemble's outputs are
+  ``digits``' on the same pixels; the build checks that the normalisation and ``digits_mlp``
+  give the ONNX ``digits`` outputs on the holdout.
 - ``silero_vad``: the pretrained Silero VAD ONNX file from the ``silero_vad`` package,
   ``max_batch_size: 0`` because its recurrent ``state`` carries the batch at dim 1. Its scalar
   ``sr`` input becomes a [1] input (a Reshape node added in front): Triton has no 0-d tensors
@@ -23,10 +35,12 @@ from __future__ import annotations
 
 import argparse
 import filecmp
+import functools
 import importlib.util
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -55,6 +69,107 @@ dynamic_batching {
 instance_group [ { kind: KIND_CPU count: 1 } ]
 """
 
+DIGITS_PYTORCH_CONFIG = """\
+name: "digits_pytorch"
+platform: "pytorch_libtorch"
+max_batch_size: 64
+# Triton's PyTorch naming: <name>__<index> is the position among forward's arguments/results.
+input [
+  { name: "input__0" data_type: TYPE_FP32 dims: [ 64 ] }
+]
+output [
+  { name: "output__0" data_type: TYPE_FP32 dims: [ 10 ] label_filename: "labels.txt" },
+  { name: "output__1" data_type: TYPE_INT64 dims: [ 1 ] }
+]
+dynamic_batching {
+  preferred_batch_size: [ 8, 16 ]
+  max_queue_delay_microseconds: 2000
+}
+# A GPU where the worker has one, else the CPU.
+instance_group [ { kind: KIND_AUTO count: 1 } ]
+"""
+
+DIGITS_TENSORFLOW_CONFIG = """\
+name: "digits_tensorflow"
+platform: "tensorflow_savedmodel"
+max_batch_size: 64
+# Names are the serving_default signature's keys.
+input [
+  { name: "input" data_type: TYPE_FP32 dims: [ 64 ] }
+]
+output [
+  { name: "probabilities" data_type: TYPE_FP32 dims: [ 10 ] label_filename: "labels.txt" },
+  { name: "label" data_type: TYPE_INT64 dims: [ 1 ] }
+]
+dynamic_batching {
+  preferred_batch_size: [ 8, 16 ]
+  max_queue_delay_microseconds: 2000
+}
+instance_group [ { kind: KIND_CPU count: 1 } ]
+"""
+
+DIGITS_MLP_CONFIG = """\
+name: "digits_mlp"
+platform: "onnxruntime_onnx"
+max_batch_size: 64
+# Features already normalised (digits_preprocess): the digits MLP without its StandardScaler.
+input [
+  { name: "input" data_type: TYPE_FP32 dims: [ 64 ] }
+]
+output [
+  { name: "probabilities" data_type: TYPE_FP32 dims: [ 10 ] label_filename: "labels.txt" },
+  { name: "label" data_type: TYPE_INT64 dims: [ 1 ] }
+]
+dynamic_batching {
+  preferred_batch_size: [ 8, 16 ]
+  max_queue_delay_microseconds: 2000
+}
+instance_group [ { kind: KIND_CPU count: 1 } ]
+"""
+
+DIGITS_PREPROCESS_CONFIG = """\
+name: "digits_preprocess"
+backend: "python"
+max_batch_size: 64
+input [
+  { name: "pixels" data_type: TYPE_UINT8 dims: [ 8, 8 ] }
+]
+output [
+  { name: "features" data_type: TYPE_FP32 dims: [ 64 ] }
+]
+instance_group [ { kind: KIND_CPU count: 1 } ]
+"""
+
+DIGITS_ENSEMBLE_CONFIG = """\
+name: "digits_ensemble"
+platform: "ensemble"
+max_batch_size: 64
+input [
+  { name: "pixels" data_type: TYPE_UINT8 dims: [ 8, 8 ] }
+]
+output [
+  { name: "probabilities" data_type: TYPE_FP32 dims: [ 10 ] label_filename: "labels.txt" },
+  { name: "label" data_type: TYPE_INT64 dims: [ 1 ] }
+]
+ensemble_scheduling {
+  step [
+    {
+      model_name: "digits_preprocess"
+      model_version: -1
+      input_map { key: "pixels" value: "pixels" }
+      output_map { key: "features" value: "features" }
+    },
+    {
+      model_name: "digits_mlp"
+      model_version: -1
+      input_map { key: "input" value: "features" }
+      output_map { key: "probabilities" value: "probabilities" }
+      output_map { key: "label" value: "label" }
+    }
+  ]
+}
+"""
+
 SILERO_CONFIG = """\
 name: "silero_vad"
 platform: "onnxruntime_onnx"
@@ -75,6 +190,8 @@ instance_group [ { kind: KIND_CPU count: 1 } ]
 """
 
 MIN_DIGITS_ACCURACY = 0.9
+# How far another framework's digits probabilities may be from the ONNX model's (float32).
+DIGITS_ATOL = 1e-5
 ONNX_OPSET = {"": 15, "ai.onnx.ml": 3}
 ORT_TYPES = {
     model_config_pb2.TYPE_FP32: "tensor(float)",
@@ -126,8 +243,9 @@ def run_session(session: ort.InferenceSession, feeds: dict[str, np.ndarray]) -> 
     return dict(zip(names, session.run(names, feeds), strict=True))
 
 
+@functools.cache
 def train_digits():
-    """A scaled MLP on the training part of the fixed split (about 0.5 s)."""
+    """A scaled MLP on the training part of the fixed split (about 0.5 s; once per process)."""
     from sklearn.neural_network import MLPClassifier
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
@@ -183,16 +301,133 @@ def digits_accuracy(model_file: Path, config: model_config_pb2.ModelConfig) -> f
 
 
 def build_digits(model_dir: Path) -> str:
-    config = parse_config(DIGITS_CONFIG)
-    (model_dir / "1").mkdir(parents=True)
-    (model_dir / "config.pbtxt").write_text(DIGITS_CONFIG)
-    (model_dir / "labels.txt").write_text("".join(f"{i}\n" for i in range(N_CLASSES)))
+    config = write_digits_folder(model_dir, DIGITS_CONFIG)
     model_file = model_dir / "1" / "model.onnx"
     model_file.write_bytes(export_digits(train_digits()).SerializeToString())
     accuracy = digits_accuracy(model_file, config)
     if accuracy <= MIN_DIGITS_ACCURACY:
         raise ValueError(f"digits: holdout accuracy {accuracy:.4f} <= {MIN_DIGITS_ACCURACY}")
     return f"holdout accuracy {accuracy:.4f} on 360 digits"
+
+
+@functools.cache
+def digits_reference() -> tuple[np.ndarray, np.ndarray]:
+    """The ONNX ``digits`` model's ``(probabilities, label)`` on the 360 holdout rows."""
+    _, x_holdout, _, _ = load_split()
+    proto = export_digits(train_digits()).SerializeToString()
+    session = ort.InferenceSession(proto, providers=["CPUExecutionProvider"])
+    outputs = run_session(session, {"input": x_holdout})
+    return outputs["probabilities"], outputs["label"]
+
+
+def check_same_as_onnx(
+    config: model_config_pb2.ModelConfig, run: Callable[[np.ndarray], dict[str, np.ndarray]]
+) -> str:
+    """``run`` (holdout rows -> outputs by config name, probabilities first) fits the config's
+    shapes at a full batch and at one row, and gives the ONNX model's outputs on the holdout."""
+    _, x_holdout, _, _ = load_split()
+    for batch in (config.max_batch_size, 1):
+        check_outputs(config, run(x_holdout[:batch]), batch)
+    outputs = run(x_holdout)
+    probabilities, label = (outputs[io.name] for io in config.output)
+    expected_probabilities, expected_label = digits_reference()
+    if probabilities.dtype != np.float32 or label.dtype != np.int64:
+        raise ValueError(f"{config.name}: output dtypes {probabilities.dtype}, {label.dtype}")
+    gap = float(np.max(np.abs(probabilities - expected_probabilities)))
+    if gap > DIGITS_ATOL or not np.array_equal(label, expected_label):
+        raise ValueError(f"{config.name}: differs from the ONNX digits model (max |dp| {gap:.2e})")
+    return f"same outputs as the ONNX digits on 360 holdout digits (max |dp| {gap:.1e})"
+
+
+def write_digits_folder(model_dir: Path, config_text: str) -> model_config_pb2.ModelConfig:
+    """The model folder's config, labels file and empty version folder ``1``."""
+    (model_dir / "1").mkdir(parents=True)
+    (model_dir / "config.pbtxt").write_text(config_text)
+    (model_dir / "labels.txt").write_text("".join(f"{i}\n" for i in range(N_CLASSES)))
+    return parse_config(config_text)
+
+
+def build_digits_pytorch(model_dir: Path) -> str:
+    import torch
+    from digits_export import digits_weights, save_torchscript
+
+    config = write_digits_folder(model_dir, DIGITS_PYTORCH_CONFIG)
+    model_file = model_dir / "1" / "model.pt"
+    save_torchscript(digits_weights(train_digits()), model_file)
+    with warnings.catch_warnings():  # torch 2.9+ calls TorchScript deprecated
+        warnings.simplefilter("ignore", DeprecationWarning)
+        module = torch.jit.load(str(model_file))
+
+    def run(x: np.ndarray) -> dict[str, np.ndarray]:
+        with torch.inference_mode():
+            results = module(torch.from_numpy(x.copy()))
+        return {io.name: r.numpy() for io, r in zip(config.output, results, strict=True)}
+
+    return check_same_as_onnx(config, run)
+
+
+def build_digits_tensorflow(model_dir: Path) -> str:
+    from digits_export import digits_weights, save_savedmodel
+
+    config = write_digits_folder(model_dir, DIGITS_TENSORFLOW_CONFIG)
+    model_file = model_dir / "1" / "model.savedmodel"
+    save_savedmodel(digits_weights(train_digits()), model_file)
+    import tensorflow as tf
+
+    signature = tf.saved_model.load(str(model_file)).signatures["serving_default"]
+
+    def run(x: np.ndarray) -> dict[str, np.ndarray]:
+        results = signature(input=tf.constant(x))
+        return {io.name: results[io.name].numpy() for io in config.output}
+
+    return check_same_as_onnx(config, run)
+
+
+def normalization(x: np.ndarray) -> np.ndarray:
+    """What ``digits_preprocess`` computes, from the statistics it is given, for FP32 [n, 64]
+    pixels (the build's check of ``digits_mlp`` and of those statistics)."""
+    from digits_export import digits_weights
+
+    weights = digits_weights(train_digits())
+    return (x - weights.mean) / weights.scale
+
+
+def build_digits_mlp(model_dir: Path) -> str:
+    """The fitted MLP without its StandardScaler, checked to give the ONNX ``digits``
+    outputs on normalised holdout rows."""
+    config = write_digits_folder(model_dir, DIGITS_MLP_CONFIG)
+    proto = export_digits(train_digits()[1:])  # the pipeline's last step only
+    proto.graph.name = "digits_mlp"
+    model_file = model_dir / "1" / "model.onnx"
+    model_file.write_bytes(proto.SerializeToString())
+    session = ort.InferenceSession(str(model_file), providers=["CPUExecutionProvider"])
+    check_signature(session, config)
+    return check_same_as_onnx(config, lambda x: run_session(session, {"input": normalization(x)}))
+
+
+def build_digits_preprocess(model_dir: Path) -> str:
+    """``model.py`` (from ``digits_preprocess_model.py``) and the StandardScaler statistics it
+    normalises with."""
+    import json
+
+    from digits_export import digits_weights
+
+    parse_config(DIGITS_PREPROCESS_CONFIG)
+    (model_dir / "1").mkdir(parents=True)
+    (model_dir / "config.pbtxt").write_text(DIGITS_PREPROCESS_CONFIG)
+    source = (Path(__file__).parent / "digits_preprocess_model.py").read_text()
+    (model_dir / "1" / "model.py").write_text(source)
+    weights = digits_weights(train_digits())
+    statistics = {"mean": weights.mean.tolist(), "scale": weights.scale.tolist()}
+    (model_dir / "1" / "normalization.json").write_text(json.dumps(statistics, indent=1) + "\n")
+    return "raw UINT8 [8, 8] pixels -> normalised FP32 [64] features"
+
+
+def build_digits_ensemble(model_dir: Path) -> str:
+    """The ensemble's config, labels and empty version folder (an ensemble has no file)."""
+    config = write_digits_folder(model_dir, DIGITS_ENSEMBLE_CONFIG)
+    steps = " -> ".join(step.model_name for step in config.ensemble_scheduling.step)
+    return f"pixels -> {steps}"
 
 
 def silero_source() -> Path:
@@ -260,14 +495,24 @@ def build_silero(model_dir: Path) -> str:
     return f"speech probability of a 440 Hz tone: {float(outputs['output'][0, 0]):.3f}"
 
 
-MODELS: dict[str, Callable[[Path], str]] = {"digits": build_digits, "silero_vad": build_silero}
+MODELS: dict[str, Callable[[Path], str]] = {
+    "digits": build_digits,
+    "digits_pytorch": build_digits_pytorch,
+    "digits_tensorflow": build_digits_tensorflow,
+    "digits_mlp": build_digits_mlp,
+    "digits_preprocess": build_digits_preprocess,
+    "digits_ensemble": build_digits_ensemble,
+    "silero_vad": build_silero,
+}
 
 
 def same_tree(a: Path, b: Path) -> bool:
-    """Whether two folders hold the same relative file paths with identical bytes."""
+    """Whether two folders hold the same relative paths (folders too: an ensemble's version
+    folder is empty) and the files identical bytes."""
+    if sorted(p.relative_to(a) for p in a.rglob("*")) != sorted(p.relative_to(b) for p in b.rglob("*")):
+        return False
     files_a = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
-    files_b = sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
-    if files_a != files_b:
+    if files_a != sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file()):
         return False
     _, mismatch, errors = filecmp.cmpfiles(a, b, [str(p) for p in files_a], shallow=False)
     return not mismatch and not errors

@@ -22,10 +22,11 @@ from redis.exceptions import RedisError
 
 from gateway.classification import classify
 from gateway.dispatcher import QueueDispatcher
+from gateway.ensemble import EnsembleScheduler
 from gateway.registry import ModelRegistry
 from gateway.response_cache import CacheTrace, ResponseCache
 from gateway.validation import client_shape, validate_request, wire_datatype
-from naiad import __version__, logs, stats, tracing
+from naiad import __version__, logs, queue_policy, stats, tracing
 from naiad.errors import (
     InvalidInput,
     ModelControlDisabled,
@@ -37,7 +38,9 @@ from naiad.errors import (
     Unsupported,
 )
 from naiad.inference import InferRequest, InferResponse
+from naiad.queue_policy import Placement
 from repository_store import ModelEntry, backend_of, config_to_json, parse_config_json
+from repository_store.ensemble import is_ensemble
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +96,7 @@ class DataPlane:
         self.dispatcher = dispatcher
         self.request_timeout_s = request_timeout_s
         self.model_control_mode = model_control_mode
+        self.ensembles = EnsembleScheduler(self.resolve, self._serve, redis)  # steps: _serve
 
     @contextlib.contextmanager
     def admit(self) -> Iterator[None]:
@@ -107,11 +111,11 @@ class DataPlane:
         finally:
             self._inflight -= 1
 
-    def max_queue(self, entry: ModelEntry) -> int:
-        """The model's maximum queue size: Triton's ``dynamic_batching.default_queue_policy.
-        max_queue_size`` when set (> 0), else the server's ``--max-queue-size``."""
-        own = entry.config.dynamic_batching.default_queue_policy.max_queue_size
-        return own or self.max_queue_size
+    def placement(self, entry: ModelEntry, request: InferRequest) -> Placement:
+        """Where ``request`` waits (:func:`naiad.queue_policy.place`): its priority level's
+        stream, bounded by the level's ``max_queue_size`` (Triton's queue policy) when set,
+        else by the server's ``--max-queue-size``; its queue timeout; ``preserve_ordering``."""
+        return queue_policy.place(entry.name, entry.config, request.parameters, self.max_queue_size)
 
     @staticmethod
     def live() -> bool:
@@ -261,10 +265,18 @@ class DataPlane:
         A request that passes validation counts in the model's statistics as a success or a
         failure, with its duration here (Triton counts only requests that reach the model).
         """
-        started_ns = time.perf_counter_ns()
         entry = await self.registry.get(request.model)
+        return await self._serve(entry, request)
+
+    async def _serve(
+        self, entry: ModelEntry, request: InferRequest, timeout_s: float | None = None
+    ) -> InferResponse:
+        """Validate ``request`` against ``entry`` and answer it within ``timeout_s`` (None:
+        the request's own timeout), recording its outcome: a client's request, or one step
+        of an ensemble (:mod:`gateway.ensemble`), which counts as a request of its model."""
+        started_ns = time.perf_counter_ns()
         validate_request(entry.config, request)
-        timeout_s = self._timeout_s(request)
+        timeout_s = self._timeout_s(request) if timeout_s is None else timeout_s
         trace = CacheTrace()
         try:
             response = await self._answer(entry, request, timeout_s, trace)
@@ -285,7 +297,11 @@ class DataPlane:
         return await self.cache.infer(request, timeout_s, run, trace)
 
     async def _run(self, entry: ModelEntry, request: InferRequest, timeout_s: float) -> InferResponse:
-        response = await self.dispatcher.infer(request, timeout_s, self.max_queue(entry))
+        if is_ensemble(entry.config):  # steps through their models' queues (gateway/ensemble.py)
+            response = await self.ensembles.infer(entry, request, timeout_s)
+        else:
+            placement = self.placement(entry, request)
+            response = await self.dispatcher.infer(request, timeout_s, placement=placement)
         counts = {output.name: output.class_count for output in request.outputs if output.class_count}
         if counts:
             batched = entry.config.max_batch_size > 0

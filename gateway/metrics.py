@@ -35,7 +35,7 @@ from prometheus_client.registry import Collector
 
 from gateway.access import AccessPolicy
 from gateway.registry import ModelRegistry
-from naiad import stats, telemetry
+from naiad import queue_policy, stats, telemetry
 from naiad.host import CpuReading, GpuReader, GpuReading, read_cpu
 
 REGISTRY_KEY = web.AppKey("registry", ModelRegistry)
@@ -259,8 +259,10 @@ def render(registry: CollectorRegistry) -> bytes:
 async def metrics(request: web.Request) -> web.Response:
     registry = request.app[REGISTRY_KEY]
     await registry.sync()
-    models = [(entry.name, sorted(entry.versions)) for entry in registry.entries()]
-    request.app[SNAPSHOT].models = await telemetry.snapshot(registry.redis, models)
+    entries = registry.entries()
+    models = [(entry.name, sorted(entry.versions)) for entry in entries]
+    levels = {e.name: queue_policy.priority_levels(e.config) for e in entries if e.config is not None}
+    request.app[SNAPSHOT].models = await telemetry.snapshot(registry.redis, models, levels)
     body = render(request.app[PROM])
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

@@ -13,6 +13,11 @@ get an ``UNAVAILABLE`` "unloaded" entry); :meth:`ModelRegistry.poll` re-indexes 
 only the entries that changed; :meth:`ModelRegistry.load` and :meth:`ModelRegistry.unload`
 change one entry.
 
+Ensembles: Redis holds each model's own entry; the local copy is that with
+:func:`repository_store.resolve_ensembles` applied, so an ensemble is READY only while its
+composing models are (every gateway derives the same from the same entries). In explicit
+mode, loading an ensemble also loads its composing models that are not loaded, as Triton does.
+
 Polling costs what changed, not the repository's size: each poll lists the repository once
 (:meth:`RepositoryStore.fingerprints`: one paged S3 listing with ETags, or one local walk
 with ``stat``) and re-indexes (reads configs, fetches ONNX files to auto-complete) only the
@@ -38,7 +43,9 @@ from repository_store import (
     index_model,
     index_models,
     index_repository,
+    resolve_ensembles,
 )
+from repository_store.ensemble import composing_models, is_ensemble
 
 logger = logging.getLogger(__name__)
 
@@ -85,8 +92,8 @@ class ModelRegistry:
                 pipe.hset(keys.REGISTRY, mapping={n: e.to_bytes() for n, e in entries.items()})
             pipe.incr(GENERATION)
             *_, generation = await pipe.execute()
-        self._entries, self._generation = entries, generation
-        for entry in entries.values():
+        self._entries, self._generation = resolve_ensembles(entries), generation
+        for entry in self._entries.values():
             if entry.state != "READY":
                 logger.warning("model '%s' is unavailable: %s", entry.name, entry.reason)
         logger.info("indexed %d models from %s", len(entries), self.store.uri)
@@ -99,9 +106,10 @@ class ModelRegistry:
         names = await asyncio.to_thread(self.store.list_models)
         wanted = set(names) if ALL_MODELS in load else set(load)
         loaded = {name: await asyncio.to_thread(index_model, self.store, name) for name in sorted(wanted)}
+        loaded = await self._with_composing(loaded)
         async with self.redis.pipeline(transaction=True) as pipe:
             for name in names:
-                if name not in wanted:
+                if name not in loaded:
                     pipe.hsetnx(keys.REGISTRY, name, ModelEntry(name, None, reason=UNLOADED).to_bytes())
             if loaded:
                 pipe.hset(keys.REGISTRY, mapping={n: e.to_bytes() for n, e in loaded.items()})
@@ -147,8 +155,33 @@ class ModelRegistry:
         and publish the result, READY or UNAVAILABLE with the reason. Raises ModelNotFound
         if the repository has no such model."""
         entry = await asyncio.to_thread(index_model, self.store, name, config)
-        await self._put(entry)
-        return entry
+        entries = await self._with_composing({name: entry})
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(keys.REGISTRY, mapping={n: e.to_bytes() for n, e in entries.items()})
+            pipe.incr(GENERATION)
+            await pipe.execute()
+        await self.sync()
+        return self._entries.get(name, entry)  # an ensemble's: as its composing models allow
+
+    async def _with_composing(self, loaded: dict[str, ModelEntry]) -> dict[str, ModelEntry]:
+        """``loaded`` plus the composing models of its ensembles (nested ones too) that are
+        neither in it nor READY in the registry, indexed; a name the repository lacks is left
+        out (the ensemble's reason will name it)."""
+        todo = list(loaded.values())
+        while todo:
+            entry = todo.pop()
+            if not is_ensemble(entry.config):
+                continue
+            for name in composing_models(entry.config):
+                current = self._entries.get(name)
+                if name in loaded or (current is not None and current.ready):
+                    continue
+                try:
+                    loaded[name] = await asyncio.to_thread(index_model, self.store, name)
+                except ModelNotFound:
+                    continue
+                todo.append(loaded[name])
+        return loaded
 
     async def unload(self, name: str) -> ModelEntry:
         """Mark ``name`` UNAVAILABLE ("unloaded"); its workers see it and drain."""
@@ -187,7 +220,7 @@ class ModelRegistry:
         generation = int(raw or 0)
         if generation == self._generation:
             return
-        self._entries = await self._read_all()
+        self._entries = resolve_ensembles(await self._read_all())
         self._generation = generation
 
     async def _rebuild(self) -> None:

@@ -45,6 +45,8 @@ class QueuedRequest:
     entry_id: bytes = b""
     traceparent: str | None = None
     log_id: str = ""
+    level: int = 0
+    """The priority level of the stream it was read from (set by the reader, not sent)."""
 
     @property
     def request_id(self) -> str:
@@ -149,6 +151,12 @@ def decode_request(model: str, fields: dict[bytes, bytes], entry_id: bytes = b""
         )
     except (KeyError, TypeError, ValueError, OverflowError, msgpack.UnpackException) as exc:
         raise InvalidInput(f"malformed queue message: {exc}") from exc
+
+
+def entry_order(entry_id: bytes) -> tuple[int, int]:
+    """A stream entry id ``<ms>-<seq>`` as numbers: the order Redis accepted entries in."""
+    ms, _, seq = entry_id.partition(b"-")
+    return int(ms or 0), int(seq or 0)
 
 
 def encode_reply(reply: Reply) -> bytes:

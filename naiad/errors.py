@@ -65,6 +65,12 @@ class DeadlineExceeded(NaiadError):
     status = HTTPStatus.SERVICE_UNAVAILABLE
 
 
+class QueueTimeout(Unavailable):
+    """The request waited in its model's queue longer than its queue policy's timeout and
+    the policy's ``timeout_action`` is REJECT: Triton answers UNAVAILABLE "Request timeout
+    expired" (503 over HTTP; core ``dynamic_batch_scheduler.cc``), counted as REJECTED."""
+
+
 class Unsupported(NaiadError):
     """A valid protocol feature this server does not implement (501)."""
 
@@ -144,6 +150,7 @@ ERRORS_BY_NAME: dict[str, type[NaiadError]] = {
         Unavailable,
         Overloaded,
         DeadlineExceeded,
+        QueueTimeout,
         Unsupported,
         PayloadTooLarge,
         InferenceFailed,

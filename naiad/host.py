@@ -3,7 +3,9 @@
 
 Like Triton's, these describe the machine of the process that reads them (the gateway
 answering the scrape), not the whole deployment. Without ``pynvml``, without a driver or
-without a GPU, :class:`GpuReader` reads nothing, once decided and never raising.
+without a GPU, :class:`GpuReader` reads nothing, once decided and never raising. It is the one
+place NVML is used: the gateway's ``nv_gpu_*`` metrics and the local scaler's placement of
+workers (:mod:`workers.placement`) both read through it.
 """
 
 from __future__ import annotations
@@ -31,6 +33,17 @@ class GpuReading:
 
 
 @dataclass(frozen=True)
+class GpuDevice:
+    """One GPU as placement sees it: its NVML index (PCI bus order), UUID, and memory free
+    and total now (bytes)."""
+
+    index: int
+    uuid: str
+    memory_free_bytes: int
+    memory_total_bytes: int
+
+
+@dataclass(frozen=True)
 class CpuReading:
     """The machine's CPU utilization since the previous reading (0..1, all cores) and its
     memory: total and used (total - available, as Triton reads /proc/meminfo), bytes."""
@@ -51,6 +64,8 @@ class GpuReader:
     def __init__(self, nvml: ModuleType | Any | None = None):
         self._nvml = nvml
         self._ready: bool | None = None
+        #: Why NVML reads nothing ("" while it works or before the first read).
+        self.problem = ""
 
     def _start(self) -> bool:
         if self._ready is None:
@@ -58,10 +73,35 @@ class GpuReader:
                 self._nvml = self._nvml or importlib.import_module("pynvml")
                 self._nvml.nvmlInit()
                 self._ready = True
-            except Exception as exc:  # no module, no driver, no device: no GPU metrics
-                logger.info("no GPU metrics: %s", exc)
+            except ImportError:
+                self.problem = "pynvml is not installed (the 'gpu' extra: nvidia-ml-py)"
                 self._ready = False
+            except Exception as exc:  # no driver, no device: no GPU readings
+                self.problem = f"NVML: {exc}"
+                self._ready = False
+            if not self._ready:
+                logger.info("no GPU readings: %s", self.problem)
         return self._ready
+
+    def devices(self) -> list[GpuDevice]:
+        """Every GPU's index, UUID and memory now; [] without NVML, driver or GPU (then
+        :attr:`problem` says why), never raising."""
+        if not self._start():
+            return []
+        nvml = self._nvml
+        try:
+            found = []
+            for index in range(nvml.nvmlDeviceGetCount()):
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+                uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+                found.append(GpuDevice(index, uuid, int(memory.free), int(memory.total)))
+        except Exception as exc:  # a device that fails now (reset, fallen off the bus)
+            logger.warning("GPUs not read: %s", exc)
+            self.problem = f"NVML: {exc}"
+            return []
+        self.problem = "" if found else "NVML finds no GPU"
+        return found
 
     def __call__(self) -> list[GpuReading]:
         if not self._start():

@@ -7,9 +7,11 @@ one file ``<name>.yaml`` with
   --model-repository ...`` (the same command the local scaler starts), with CPU/memory
   requests, and for a config whose ``instance_group`` asks for ``KIND_GPU`` one
   ``nvidia.com/gpu``, a GPU node selector and the GPU taint's toleration;
-- a KEDA ``ScaledObject`` (``keda.sh/v1alpha1``) scaling it 0..N on the model's Redis stream
-  (:func:`naiad.keys.request_stream`), ``minReplicaCount: 0``, ``maxReplicaCount`` from the
-  model's ``naiad.max_workers`` parameter (else the server default), the per-replica target
+- a KEDA ``ScaledObject`` (``keda.sh/v1alpha1``) scaling it 0..N on the model's Redis streams
+  (:func:`naiad.keys.request_streams`, one per priority level), ``minReplicaCount: 0``,
+  ``maxReplicaCount`` from the
+  model's ``naiad.max_workers`` parameter (else its ``instance_group`` counts, one GPU per
+  pod: :mod:`workers.placement`; else the server default), the per-replica target
   from ``naiad.target_inflight`` and the cool-down from ``naiad.idle_timeout_s`` — read
   through :func:`workers.scaling.policy_for`, the local scaler's own policy.
 
@@ -36,7 +38,7 @@ from pathlib import Path
 import yaml
 from tritonclient.grpc import model_config_pb2 as mc
 
-from naiad import keys
+from naiad import keys, queue_policy
 from naiad.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -95,9 +97,10 @@ def worker_args(model: str, options: RenderOptions) -> list[str]:
 
 def render_model(config: mc.ModelConfig, options: RenderOptions, settings: Settings) -> list[dict]:
     """The Deployment and ScaledObject of one model, as plain dicts."""
-    from workers.scaling import policy_for  # noqa: PLC0415 (the scaler's own policy)
+    from workers.placement import instance_slots  # noqa: PLC0415 (the scaler's own rules)
+    from workers.scaling import policy_for  # noqa: PLC0415
 
-    policy = policy_for(config, settings)
+    policy = policy_for(config, settings, instance_slots(config, []).total)
     name = resource_name(config.name)
     labels = {"app.kubernetes.io/name": WORKER_LABEL, "app.kubernetes.io/part-of": "naiad",
               MODEL_LABEL: name.removeprefix(f"{WORKER_LABEL}-")}
@@ -124,21 +127,22 @@ def render_model(config: mc.ModelConfig, options: RenderOptions, settings: Setti
             "maxReplicaCount": policy.max_workers,
             "pollingInterval": 5,
             "cooldownPeriod": max(1, round(policy.idle_timeout_s)),
-            "triggers": _triggers(config.name, policy.target_inflight),
+            "triggers": _triggers(queue_policy.streams(config.name, config), policy.target_inflight),
         },
     }
     return [deployment, scaled]
 
 
-def _triggers(model: str, target: int) -> list[dict]:
-    stream = keys.request_stream(model)
-    return [
+def _triggers(streams: list[str], target: int) -> list[dict]:
+    """Two triggers per request stream (one per priority level): its length and its
+    group's pending entries. KEDA scales on the largest, not on their sum."""
+    return [trigger for stream in streams for trigger in (
         {"type": "redis-streams",
          "metadata": {"addressFromEnv": "REDIS_ADDRESS", "stream": stream, "streamLength": str(target)}},
         {"type": "redis-streams",
          "metadata": {"addressFromEnv": "REDIS_ADDRESS", "stream": stream,
                       "consumerGroup": keys.WORKER_GROUP, "pendingEntriesCount": str(target)}},
-    ]
+    )]  # fmt: skip
 
 
 def _pod_spec(config: mc.ModelConfig, options: RenderOptions) -> dict:

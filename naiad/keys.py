@@ -31,9 +31,19 @@ SCALER_WAKE_MAX = 1000
 REPLY_TTL_S = 60
 
 
-def request_stream(model: str) -> str:
-    """Stream of inference requests for ``model``, read by its workers' consumer group."""
-    return f"{PREFIX}:{{{model}}}:requests"
+def request_stream(model: str, level: int = 0) -> str:
+    """Stream of inference requests for ``model`` at priority ``level``, read by its workers'
+    consumer group. A model without priority levels (``level`` 0) and level 1, the highest,
+    share the plain key; level ``L`` >= 2 has its own stream ``...:requests:L``
+    (:mod:`naiad.queue_policy`)."""
+    base = f"{PREFIX}:{{{model}}}:requests"
+    return base if level <= 1 else f"{base}:{level}"
+
+
+def request_streams(model: str, levels: int) -> list[str]:
+    """Every request stream of ``model`` when its config has ``levels`` priority levels (0:
+    none), highest priority first: what queue depths and scaling signals sum over."""
+    return [request_stream(model, level) for level in range(1, max(levels, 1) + 1)]
 
 
 def workers(model: str) -> str:

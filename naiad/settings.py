@@ -69,10 +69,11 @@ class Settings(BaseSettings):
     when the request sets no ``timeout`` parameter."""
 
     max_queue_size: int = Field(default=1000, ge=1)
-    """Most requests one model's queue holds (queued or being run); one more is refused at
-    once with 503 + ``Retry-After`` / UNAVAILABLE (``--max-queue-size``; per model: Triton's
-    ``dynamic_batching { default_queue_policy { max_queue_size: N } }``, where 0 means this
-    default: a Naiad queue is never unbounded)."""
+    """Most requests one model's queue (each priority level's) holds, queued or being run;
+    one more is refused at once with 503 + ``Retry-After`` / UNAVAILABLE (``--max-queue-size``;
+    per model: Triton's ``dynamic_batching { default_queue_policy { max_queue_size: N } }``
+    or a level's ``priority_queue_policy``, where 0 means this default: a Naiad queue is
+    never unbounded)."""
 
     max_inflight: int = Field(default=4096, ge=1)
     """Most inference requests one gateway carries at once (reading, queued, awaiting a
@@ -122,10 +123,22 @@ class Settings(BaseSettings):
     cache_max_bytes: int = 10 * 1024**3
     """Size cap of ``cache_dir`` in bytes; least recently used versions go first."""
 
+    device: str | None = None
+    """Where the local scaler placed this worker: ``cpu`` or ``gpu:<NVML index>``, from
+    ``NAIAD_DEVICE``, which the scaler sets with ``CUDA_VISIBLE_DEVICES``
+    (:mod:`workers.placement`). None (a worker started by hand or by Kubernetes): from the
+    config's ``instance_group``, CUDA unless every group is ``KIND_CPU``."""
+
     warm_pool_size: int = Field(default=1, ge=0)
     """Generic worker processes the local scaler keeps started ahead of need (interpreter up,
     frameworks imported, connected to Redis, no model yet); a cold start claims one and pays
     only the model load (``--warm-pool-size``; 0: every cold start spawns a bare process)."""
+
+    warm_pool_backends: list[str] = ["onnxruntime"]
+    """Backends a warm-pool process imports and warms up before its claim
+    (``NAIAD_WARM_POOL_BACKENDS='["onnxruntime","pytorch"]'``); a claim for another backend
+    imports it then. Each one costs every pool process its import (torch ~1 s and ~220 MB,
+    TensorFlow ~4 s and ~600 MB), hence only ONNX Runtime by default."""
 
     warm_pool_idle_timeout_s: float | None = Field(default=None, gt=0)
     """Seconds without any cold start after which the warm pool shrinks to zero processes;

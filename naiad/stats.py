@@ -34,7 +34,7 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
 from naiad import histogram, keys
-from naiad.errors import DeadlineExceeded, InferenceFailed, Overloaded
+from naiad.errors import DeadlineExceeded, InferenceFailed, Overloaded, QueueTimeout
 from naiad.histogram import Histogram
 
 #: Phases a worker times per executed batch (``inference_stats`` and ``batch_stats``).
@@ -53,10 +53,11 @@ FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 def failure_reason(exc: BaseException) -> str:
     """Triton's reason for a request that failed with ``exc``: its timeout expired before
     an answer came (Triton's scheduler rejects a request whose timeout expires in the
-    queue), or a full queue refused it → REJECTED; the client went away (a cancelled
+    queue; :class:`QueueTimeout`: its queue policy's timeout with REJECT), or a full queue
+    refused it → REJECTED; the client went away (a cancelled
     task) → CANCELED; the backend raised while running the model → BACKEND; anything
     else (Redis, a model that cannot load, ...) → OTHER."""
-    if isinstance(exc, DeadlineExceeded | Overloaded):  # expired, or refused by a full queue
+    if isinstance(exc, DeadlineExceeded | Overloaded | QueueTimeout):  # expired, or refused
         return "REJECTED"
     if isinstance(exc, asyncio.CancelledError):
         return "CANCELED"

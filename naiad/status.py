@@ -23,6 +23,7 @@ with ``rich`` (a table, refreshed in place).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import sys
 import time
 from typing import Any
@@ -30,8 +31,8 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
-from naiad import keys, telemetry
-from repository_store import ModelEntry
+from naiad import keys, queue_policy, telemetry
+from repository_store import ModelEntry, resolve_ensembles
 
 STATES = ("asleep", "waking", "busy", "idle", "unavailable")
 #: Seconds after its last inference that a model with workers still counts as busy.
@@ -90,23 +91,29 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1e3
 
 
-async def _in_flight(redis: Redis, names: list[str]) -> list[int]:
-    """Entries each model's workers claimed and have not acknowledged (XPENDING)."""
+async def _in_flight(redis: Redis, streams: list[list[str]]) -> list[int]:
+    """Entries each model's workers claimed and have not acknowledged (XPENDING), summed
+    over the model's ``streams`` (one per priority level)."""
     async with redis.pipeline(transaction=False) as pipe:
-        for name in names:
-            pipe.xpending(keys.request_stream(name), keys.WORKER_GROUP)
+        for stream in (s for names in streams for s in names):
+            pipe.xpending(stream, keys.WORKER_GROUP)
         replies = await pipe.execute(raise_on_error=False)
     # NOGROUP: no worker ever ran for the model, so nothing can be claimed.
-    return [0 if isinstance(r, ResponseError) else int(r["pending"]) for r in replies]
+    counts = [0 if isinstance(r, ResponseError) else int(r["pending"]) for r in replies]
+    ends = list(itertools.accumulate(len(names) for names in streams))
+    return [sum(counts[end - len(names) : end]) for names, end in zip(streams, ends, strict=True)]
 
 
 async def status_snapshot(redis: Redis) -> dict[str, Any]:
     """``{"time": unix s, "models": [row, ...], "counts": {state: n}}``, models by name;
     see :func:`_model_row` for a row's keys (``None`` where a ratio or mean has no data)."""
     raw = await redis.hgetall(keys.REGISTRY)
-    entries = sorted((ModelEntry.from_bytes(value) for value in raw.values()), key=lambda e: e.name)
-    tele = await telemetry.snapshot(redis, [(e.name, sorted(e.versions)) for e in entries])
-    in_flight = await _in_flight(redis, [e.name for e in entries]) if entries else []
+    own = {e.name: e for e in (ModelEntry.from_bytes(value) for value in raw.values())}
+    entries = sorted(resolve_ensembles(own).values(), key=lambda e: e.name)  # as the gateways see them
+    levels = {e.name: queue_policy.priority_levels(e.config) for e in entries if e.config is not None}
+    tele = await telemetry.snapshot(redis, [(e.name, sorted(e.versions)) for e in entries], levels)
+    streams = [keys.request_streams(e.name, levels.get(e.name, 0)) for e in entries]
+    in_flight = await _in_flight(redis, streams) if entries else []
     now = time.time()
     rows = [_model_row(*parts, now) for parts in zip(entries, tele, in_flight, strict=True)]
     counts = {state: sum(row["state"] == state for row in rows) for state in STATES}

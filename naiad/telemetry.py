@@ -23,7 +23,7 @@ models. The metrics endpoint renders it; status views can use it as it is (no tr
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,21 +129,26 @@ def model_telemetry(
     )
 
 
-async def snapshot(redis: Redis, models: Sequence[tuple[str, Sequence[int]]]) -> list[ModelTelemetry]:
+async def snapshot(
+    redis: Redis, models: Sequence[tuple[str, Sequence[int]]], levels: Mapping[str, int] | None = None
+) -> list[ModelTelemetry]:
     """:class:`ModelTelemetry` for each ``(model, versions)`` of ``models``, in that order,
-    from one pipeline: HGETALL of both hashes, XLEN of the stream and ZCOUNT of live
-    heartbeats per model (zeros for what was never recorded)."""
-    now = time.time()
+    from one pipeline: HGETALL of both hashes, XLEN of each request stream (one per priority
+    level: ``levels`` maps a model to its count, absent: one stream; the depth is their sum)
+    and ZCOUNT of live heartbeats per model (zeros for what was never recorded)."""
+    now, levels = time.time(), levels or {}
+    streams = [keys.request_streams(name, levels.get(name, 0)) for name, _ in models]
     async with redis.pipeline(transaction=False) as pipe:
-        for name, _ in models:
+        for (name, _), names in zip(models, streams, strict=True):
             pipe.hgetall(keys.stats(name))
             pipe.hgetall(keys.lifecycle(name))
-            pipe.xlen(keys.request_stream(name))
+            for stream in names:
+                pipe.xlen(stream)
             pipe.zcount(keys.workers(name), now, "+inf")
-        replies = await pipe.execute()
-    return [
-        model_telemetry(name, versions, _decode(counters), _decode(lifecycle), depth, workers)
-        for (name, versions), (counters, lifecycle, depth, workers) in zip(
-            models, zip(*[iter(replies)] * 4, strict=True), strict=True
-        )
-    ]
+        replies = iter(await pipe.execute())
+    result = []
+    for (name, versions), names in zip(models, streams, strict=True):
+        counters, lifecycle = _decode(next(replies)), _decode(next(replies))
+        depth = sum(next(replies) for _ in names)
+        result.append(model_telemetry(name, versions, counters, lifecycle, depth, next(replies)))
+    return result

@@ -6,6 +6,7 @@ from repository_store.config import (
     ModelConfig,
     backend_of,
     config_to_json,
+    config_to_triton_json,
     default_model_filename,
     parse_config,
     parse_config_json,
@@ -19,6 +20,7 @@ from repository_store.index import (
     index_model,
     index_models,
     index_repository,
+    resolve_ensembles,
 )
 from repository_store.store import (
     CONFIG_FILENAME,
@@ -46,6 +48,7 @@ __all__ = [
     "S3Store",
     "backend_of",
     "config_to_json",
+    "config_to_triton_json",
     "default_model_filename",
     "index_model",
     "index_models",
@@ -54,6 +57,7 @@ __all__ = [
     "parse_config",
     "parse_config_json",
     "parse_repository_uri",
+    "resolve_ensembles",
     "select_versions",
     "validate_config",
     "validate_model_name",

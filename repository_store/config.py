@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import math
 
-from google.protobuf import json_format, text_format
+from google.protobuf import descriptor, json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
+from naiad import queue_policy
 from naiad.errors import ConfigError
+from repository_store.ensemble import validate_scheduling
+from repository_store.warmup import validate_warmup
 
 ModelConfig = model_config_pb2.ModelConfig
 
@@ -124,7 +127,9 @@ def validate_config(cfg: ModelConfig) -> None:
     and non-empty ``dims`` of entries ``>= 1`` or ``-1``; a ``reshape`` whose element count
     agrees with ``dims`` when both are fully known, and not empty for a non-batching model;
     at least one input and one output unless the model is an ensemble; a non-zero
-    ``num_versions`` in a ``latest`` version policy.
+    ``num_versions`` in a ``latest`` version policy; for an ensemble, a step graph that is
+    sound on its own (:func:`repository_store.ensemble.validate_scheduling`); a sound
+    ``dynamic_batching`` (:func:`naiad.queue_policy.check_config`).
     :raises ConfigError: naming the first rule broken.
     """
     backend = backend_of(cfg)
@@ -137,6 +142,9 @@ def validate_config(cfg: ModelConfig) -> None:
     policy = cfg.version_policy
     if policy.WhichOneof("policy_choice") == "latest" and policy.latest.num_versions < 1:
         raise ConfigError("version_policy latest must specify a non-zero num_versions")
+    validate_scheduling(cfg)
+    queue_policy.check_config(cfg)  # dynamic_batching: preferred sizes, priorities, ordering
+    validate_warmup(cfg)  # model_warmup samples fit the inputs (repository_store.warmup)
 
 
 def _validate_tensors(kind: str, tensors, max_batch_size: int) -> None:
@@ -198,3 +206,46 @@ def select_versions(cfg: ModelConfig, available: list[int]) -> list[int]:
 def config_to_json(cfg: ModelConfig) -> dict:
     """The config as Triton's ``GET v2/models/<name>/config`` returns it (proto field names)."""
     return json_format.MessageToDict(cfg, preserving_proto_field_name=True)
+
+
+_INT64_TYPES = frozenset({
+    descriptor.FieldDescriptor.TYPE_INT64, descriptor.FieldDescriptor.TYPE_UINT64,
+    descriptor.FieldDescriptor.TYPE_SINT64, descriptor.FieldDescriptor.TYPE_FIXED64,
+    descriptor.FieldDescriptor.TYPE_SFIXED64,
+})  # fmt: skip
+
+
+def config_to_triton_json(cfg: ModelConfig) -> dict:
+    """The config as Triton's ``ModelConfigToJson`` writes it (core ``model_config_utils.cc``),
+    the form a Python model's ``args["model_config"]`` holds: proto field names, every field
+    without presence printed with its default (``"max_batch_size": 0``, ``"input": []``),
+    enums by name (``"data_type": "TYPE_FP32"``) and 64-bit integers as JSON numbers
+    (``"dims": [4]``) where protobuf's JSON would write strings. Map keys stay strings."""
+    data = json_format.MessageToDict(
+        cfg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    _int64_as_numbers(cfg.DESCRIPTOR, data)
+    return data
+
+
+def _int64_as_numbers(message: descriptor.Descriptor, data: dict) -> None:
+    for field in message.fields:
+        if field.name not in data:
+            continue
+        value = data[field.name]
+        entry = field.message_type
+        if entry is not None and entry.GetOptions().map_entry:
+            value_field = entry.fields_by_name["value"]
+            for key, item in list(value.items()):
+                value[key] = _convert(value_field, item)
+        elif isinstance(value, list):
+            data[field.name] = [_convert(field, item) for item in value]
+        else:
+            data[field.name] = _convert(field, value)
+
+
+def _convert(field: descriptor.FieldDescriptor, value):
+    if field.message_type is not None:
+        _int64_as_numbers(field.message_type, value)
+        return value
+    return int(value) if field.type in _INT64_TYPES else value

@@ -8,7 +8,8 @@ model UNAVAILABLE with a reason; it never affects the other models.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
 import msgpack
 
@@ -22,7 +23,10 @@ from repository_store.config import (
     select_versions,
     validate_config,
 )
+from repository_store.ensemble import dependency_reason, is_ensemble
+from repository_store.python_autocomplete import autocomplete_python, is_python_model
 from repository_store.store import FileInfo, RepositoryStore, validate_model_name
+from repository_store.warmup import file_problem, uses_files
 
 #: Largest ``config.pbtxt`` indexed (a real one is a few KiB; Triton sets no limit): a
 #: bigger one makes its model UNAVAILABLE instead of stalling every gateway's index.
@@ -111,6 +115,22 @@ def index_models(store: RepositoryStore, names: list[str]) -> dict[str, ModelEnt
     return {name: _index(store, name) for name in sorted(names)}
 
 
+def resolve_ensembles(entries: Mapping[str, ModelEntry]) -> dict[str, ModelEntry]:
+    """``entries`` with every READY ensemble that cannot run with the models around it
+    (a composing model missing or not ready, a version not served, maps or tensors that do
+    not fit, a circular dependency: :func:`repository_store.ensemble.dependency_reason`)
+    turned UNAVAILABLE with the reason. Triton: an ensemble is ready only when its composing
+    models are. The index itself stays per model; the registry applies this to what it holds.
+    """
+    resolved = dict(entries)
+    for name, entry in entries.items():
+        if entry.ready and is_ensemble(entry.config):
+            reason = dependency_reason(name, entries)
+            if reason:
+                resolved[name] = replace(entry, state=UNAVAILABLE, reason=reason)
+    return resolved
+
+
 def _index(store: RepositoryStore, name: str, override: ModelConfig | None = None) -> ModelEntry:
     try:
         available = store.list_versions(name)
@@ -126,6 +146,8 @@ def _index(store: RepositoryStore, name: str, override: ModelConfig | None = Non
         entry.reason = _missing_files(store, config, selected)
         if not entry.reason:
             entry.labels, entry.reason = _labels(store, config)
+        if not entry.reason and uses_files(config):  # model_warmup's input_data_file
+            entry.reason = file_problem(config, {f.path: f.size for f in store.list_model_files(name)})
     except ConfigError as exc:
         entry.reason = exc.message
     entry.state = UNAVAILABLE if entry.reason else READY
@@ -152,7 +174,7 @@ def _config(
 ) -> ModelConfig:
     """The model's validated config (``override`` instead of ``config.pbtxt`` when given),
     auto-completed from its ONNX file where it is missing or partial (Triton's default
-    auto-complete). Raises :class:`ConfigError`."""
+    auto-complete), or by a Python model's ``auto_complete_config``. Raises :class:`ConfigError`."""
     if override is not None:
         text, config = b"", override
     else:
@@ -160,7 +182,9 @@ def _config(
         if text is not None and len(text) > MAX_CONFIG_BYTES:
             raise ConfigError(f"config.pbtxt is {len(text)} bytes, over the {MAX_CONFIG_BYTES}-byte limit")
         config = parse_config(text, name) if text is not None else ModelConfig(name=name)
-    if needs_autocomplete(config):
+    if is_python_model(config):  # Triton calls a Python model's own auto_complete_config
+        config = autocomplete_python(store, config, select_versions(config, available) or available)
+    elif needs_autocomplete(config):
         try:
             config = autocomplete(store, config, select_versions(config, available) or available)
         except ConfigError as exc:

@@ -7,7 +7,7 @@ request carrying its own batch of N rows counts as N. Every function here is fre
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Collection, Hashable, Sequence
 
 import numpy as np
 
@@ -26,24 +26,60 @@ def batch_key(request: InferRequest) -> Hashable:
     return request.version, inputs, outputs
 
 
-def plan_batches(requests: Sequence[InferRequest], max_rows: int) -> list[list[int]]:
-    """Group request indices into batches of compatible requests, in arrival order.
+def next_batch(
+    requests: Sequence[InferRequest], ages_s: Sequence[float], max_rows: int,
+    preferred: Collection[int] = (), max_delay_s: float = 0.0, contiguous: bool = False,
+) -> tuple[list[int], float]:
+    """The batch to run now out of ``requests`` (queue order), Triton's rule (batcher.md
+    "Preferred Batch Sizes", "Delayed Batching"; core ``DynamicBatchScheduler::GetDynamicBatch``).
 
-    Each batch holds at most ``max_rows`` rows, except that a single request is never split
-    (the gateway already bounds a request to ``max_batch_size``). Returns lists of indices.
+    The first request opens the batch; the next ones in order whose :func:`batch_key` agrees
+    join while the batch stays within ``max_rows`` rows (a request of N rows counts N; one
+    that would overflow it ends the batch). ``preferred``: the preferred batch sizes, or
+    ``max_rows`` when none. The batch sent is the longest prefix whose rows are a preferred
+    size, else the longest prefix within the largest preferred size; once the oldest request
+    of the batch has waited ``max_delay_s`` (``ages_s``: seconds each request has waited),
+    the whole batch. Without a preferred size in reach the batch is sent now when it cannot
+    grow (full, a request that does not fit, or an incompatible request waiting) or when
+    ``max_delay_s`` is 0; else the caller waits. ``contiguous``: stop at the first
+    incompatible request instead of passing over it (arrival order is kept strictly).
+
+    Returns ``(indices, 0.0)`` to run now, or ``([], seconds)`` to wait that long at most
+    before asking again. ``max_rows`` 0 (no batching): the first request alone.
     """
-    open_batches: dict[Hashable, list[int]] = {}
-    open_rows: dict[Hashable, int] = {}
-    batches: list[list[int]] = []
+    if not requests:
+        return [], max_delay_s
+    if max_rows <= 0:
+        return [0], 0.0
+    sizes = set(preferred) or {max_rows}
+    largest = max(sizes)
+    key = batch_key(requests[0])
+    batch: list[int] = []
+    best: list[int] | None = None
+    pending, full = 0, False
     for index, request in enumerate(requests):
-        key, size = batch_key(request), rows(request)
-        if key in open_batches and open_rows[key] + size <= max_rows:
-            open_batches[key].append(index)
-            open_rows[key] += size
+        if batch_key(request) != key:
+            full = True  # Triton sends at once what waits behind an incompatible request
+            if contiguous:
+                break
             continue
-        open_batches[key], open_rows[key] = [index], size
-        batches.append(open_batches[key])
-    return batches
+        size = rows(request)
+        if batch and pending + size > largest and best is None:
+            best = list(batch)
+        if batch and pending + size > max_rows:
+            full = True
+            break
+        batch.append(index)
+        pending += size
+        if pending in sizes:
+            best = list(batch)
+    oldest_s = max(ages_s[i] for i in batch)
+    delay_exceeded = max_delay_s > 0 and oldest_s >= max_delay_s
+    if best is not None and not delay_exceeded:
+        return best, 0.0
+    if full or pending >= largest or delay_exceeded or max_delay_s <= 0:
+        return batch, 0.0
+    return [], max_delay_s - oldest_s
 
 
 def merge(requests: Sequence[InferRequest]) -> dict[str, np.ndarray]:

@@ -2,8 +2,10 @@
 
 The version folder comes from the machine's shared :class:`repository_store.ModelCache`
 (downloaded aside, then renamed into place), and is loaded with the config's backend on the
-device its ``instance_group`` asks for (KIND_CPU → CPU; otherwise CUDA where the backend has
-it, falling back to the CPU).
+device the scaler placed this worker on (``Settings.device``), else the one its
+``instance_group`` asks for (KIND_CPU → CPU; otherwise CUDA where the backend has it, falling
+back to the CPU). Then its ``model_warmup`` samples run (:mod:`workers.warmup`), before the
+worker takes a request; a failing sample fails the load.
 """
 
 from __future__ import annotations
@@ -22,12 +24,18 @@ from repository_store import ModelCache, ModelEntry, RepositoryStore, index_mode
 from repository_store.cache import PullStats
 from workers.backends import load_backend
 from workers.model import ModelRunner
+from workers.warmup import WarmupFailed, run_warmup
 
 logger = logging.getLogger(__name__)
 
 
-def device_for(config: mc.ModelConfig) -> str:
-    """``cpu`` when every instance group is KIND_CPU, else ``cuda`` (backends fall back)."""
+def device_for(config: mc.ModelConfig, placed: str | None = None) -> str:
+    """The backend's device, ``cpu`` or ``cuda``. ``placed``: where the scaler put this worker
+    (``cpu``, or ``gpu:<i>``, the one GPU its ``CUDA_VISIBLE_DEVICES`` leaves: ``cuda``).
+    Without it: ``cpu`` when every instance group is KIND_CPU, else ``cuda`` (backends fall
+    back to the CPU where CUDA is missing)."""
+    if placed:
+        return "cpu" if placed == "cpu" else "cuda"
     kinds = {group.kind for group in config.instance_group}
     return "cpu" if kinds == {mc.ModelInstanceGroup.KIND_CPU} else "cuda"
 
@@ -35,11 +43,13 @@ def device_for(config: mc.ModelConfig) -> str:
 @dataclass(frozen=True)
 class VersionLoad:
     """How long one version took to become servable: ``pull_s`` (the local cache's check,
-    plus the download when it was not there) and ``load_s`` (the backend's load)."""
+    plus the download when it was not there), ``load_s`` (the backend's load) and
+    ``warmup_s`` (its ``model_warmup`` samples)."""
 
     version: int
     pull_s: float
     load_s: float
+    warmup_s: float = 0.0
 
 
 class VersionLoader:
@@ -85,6 +95,19 @@ class VersionLoader:
                 self._runners[version] = await asyncio.to_thread(self._load, version)
         return self._runners[version]
 
+    def close(self) -> None:
+        """Close every loaded version's backend that has a ``close()`` (a Python model's
+        ``finalize``), once, when the worker exits; an error is logged, never raised."""
+        runners, self._runners = list(self._runners.values()), {}
+        for runner in runners:
+            close = getattr(runner.backend, "close", None)
+            if not callable(close):
+                continue
+            try:
+                close()
+            except Exception:
+                logger.exception("closing a version of model '%s' failed", self.model)
+
     def take_pulls(self) -> list[PullStats]:
         """The downloads from the repository since the last call (a version found in the
         local cache is none), for the worker to record."""
@@ -128,11 +151,27 @@ class VersionLoader:
         pulled = time.perf_counter()
         if self.cache.last_pull is not None and self.cache.last_pull.downloaded:
             self._pulls.append(self.cache.last_pull)
-        backend = load_backend(folder, self.entry.config, device_for(self.entry.config))
+        device = device_for(self.entry.config, self.settings.device)
+        backend = load_backend(folder, self.entry.config, device)
         loaded = time.perf_counter()
-        self._loads.append(VersionLoad(version, pulled - started, loaded - pulled))
+        runner = ModelRunner(self.entry.config, backend)
+        warmup_s = self._warm_up(runner, version)
+        self._loads.append(VersionLoad(version, pulled - started, loaded - pulled, warmup_s))
         logger.info(
-            "model '%s' version %d: pulled in %.3f s, loaded in %.3f s",
-            self.model, version, pulled - started, loaded - pulled,
-        )
-        return ModelRunner(self.entry.config, backend)
+            "model '%s' version %d: pulled in %.3f s, loaded on %s in %.3f s, warmed up in %.3f s",
+            self.model, version, pulled - started, self.settings.device or device, loaded - pulled, warmup_s,
+        )  # fmt: skip
+        return runner
+
+    def _warm_up(self, runner: ModelRunner, version: int) -> float:
+        """Run the version's warmup samples (seconds taken); ModelNotReady when one fails."""
+        if not runner.config.model_warmup:
+            return 0.0
+        assert self.store is not None
+        try:
+            return run_warmup(runner, lambda path: self.store.read_model_file(self.model, path))
+        except WarmupFailed as exc:
+            close = getattr(runner.backend, "close", None)
+            if callable(close):  # a Python model's finalize
+                close()
+            raise ModelNotReady(f"model '{self.model}' version {version} failed to load: {exc}") from None

@@ -25,15 +25,16 @@ SCAN_COUNT = 100
 
 
 async def reclaim_orphans(
-    redis: aioredis.Redis, model: str, consumer: str, min_idle_ms: int
+    redis: aioredis.Redis, model: str, consumer: str, min_idle_ms: int, stream: str | None = None
 ) -> list[tuple[bytes, dict]]:
-    """Claim for ``consumer`` the pending entries of dead consumers, and its own left over
-    from a failed reply; returns ``(id, fields)``.
+    """Claim for ``consumer`` the pending entries of dead consumers in ``stream`` (default:
+    the model's plain request stream; one call per priority level's stream), and its own
+    left over from a failed reply; returns ``(id, fields)``.
 
     Entries deleted meanwhile (answered by their first worker after all) are skipped.
     Dead consumers left with nothing pending are removed from the group.
     """
-    stream = keys.request_stream(model)
+    stream = stream or keys.request_stream(model)
     pending = await redis.xpending_range(stream, keys.WORKER_GROUP, "-", "+", SCAN_COUNT)
     if not pending:
         return []
@@ -43,12 +44,11 @@ async def reclaim_orphans(
         return []
     claimed = await redis.xclaim(stream, keys.WORKER_GROUP, consumer, min_idle_ms, orphans)
     dead = {p["consumer"].decode() for p in pending} - live - {consumer}
-    await _forget(redis, model, dead)
+    await _forget(redis, model, stream, dead)
     return [(entry_id, fields) for entry_id, fields in claimed if fields]
 
 
-async def _forget(redis: aioredis.Redis, model: str, consumers: set[str]) -> None:
-    stream = keys.request_stream(model)
+async def _forget(redis: aioredis.Redis, model: str, stream: str, consumers: set[str]) -> None:
     for name in consumers:
         info = await redis.xpending_range(stream, keys.WORKER_GROUP, "-", "+", 1, consumername=name)
         if not info:

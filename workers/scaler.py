@@ -7,6 +7,14 @@ applies the model's policy (:mod:`workers.scaling`: every missing worker started
 stopped per ``scale_down_period_s`` at most, by SIGTERM, so it drains). Workers leave by
 themselves after their idle timeout (scale to zero), never below the model's
 ``min_workers``. On Kubernetes KEDA takes this role; the worker code is the same.
+
+Each worker it starts is placed on a device (:mod:`workers.placement`: the model's
+``instance_group`` on this machine's GPUs, read through NVML): a GPU worker is a fresh process
+with ``CUDA_VISIBLE_DEVICES`` naming its GPU (CUDA reads it once, at start: a warm-pool
+process, its frameworks already imported, is never given a GPU); a CPU worker may be a
+warm-pool process, and on a machine with GPUs sees none. Both learn their device from
+``NAIAD_DEVICE`` (``Settings.device``). A ``KIND_GPU`` group on a machine without a usable GPU
+runs on the CPU, with one warning per model.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
 import subprocess
 import sys
 import time
@@ -22,11 +31,13 @@ from dataclasses import replace
 
 from redis.exceptions import RedisError
 
-from naiad import keys, procs, telemetry
+from naiad import keys, procs, queue_policy, telemetry
+from naiad.host import GpuDevice, GpuReader
 from naiad.redis_client import connect
 from naiad.settings import Settings
-from repository_store import ModelEntry
-from workers import scaling
+from repository_store import ModelConfig, ModelEntry
+from repository_store.ensemble import is_ensemble
+from workers import placement, scaling
 from workers.warm_pool import WarmPool, pool_command
 
 #: Seconds a worker this scaler started may go without any heartbeat of its model before it
@@ -50,11 +61,19 @@ class LocalScaler:
         self.processes: dict[str, list[subprocess.Popen]] = {}
         self.draining: list[tuple[str, subprocess.Popen]] = []  # SIGTERMed, not yet reaped
         self._policies: dict[str, scaling.ScalingPolicy] = {}
+        self._ensembles: set[str] = set()  # run by the gateways: never given workers
+        self._streams: dict[str, list[str]] = {}  # model -> its request streams (priority levels)
         self._registry_generation: bytes | None = None
         self._changed_at: dict[str, float] = {}  # monotonic time of the last start/stop
         self._started_at: dict[int, float] = {}  # pid -> monotonic time it was started
         self._live_seen: dict[str, float] = {}  # model -> monotonic time a worker was live
-        self.pool = WarmPool(settings, pool_command(settings, redis_url, self.log_flags()))
+        self.gpu_reader = GpuReader()
+        self._slots: dict[str, placement.Slots] = {}  # model -> its instances on this machine
+        self._devices: dict[int, str] = {}  # pid -> the device its worker was placed on
+        self._warned: set[tuple[str, str]] = set()  # (model, warning) already logged
+        self.has_gpu = bool(self.gpus())
+        self.pool = WarmPool(settings, pool_command(settings, redis_url, self.log_flags()),
+                             env={**os.environ, **placement.worker_env(placement.CPU, self.has_gpu)})
 
     def worker_command(self, model: str) -> list[str]:
         return [
@@ -110,19 +129,24 @@ class LocalScaler:
         running = [p for p in self.processes.get(model, []) if p.poll() is None]
         for gone in set(self.processes.get(model, [])) - set(running):
             self._started_at.pop(gone.pid, None)
+            self._devices.pop(gone.pid, None)
         self.processes[model] = running
         return len(running)
 
     async def _reconcile(self, woken: set[str]) -> None:
         try:
             await self._refresh_policies()
-            names = sorted(set(self._policies) | woken)
+            names = sorted((set(self._policies) | woken) - self._ensembles)
             now = time.time()
             async with self.redis.pipeline(transaction=False) as pipe:
                 for name in names:
-                    pipe.xlen(keys.request_stream(name))
+                    for stream in self._streams.get(name) or [keys.request_stream(name)]:
+                        pipe.xlen(stream)
                     pipe.zcount(keys.workers(name), now, "+inf")
-                counts = await pipe.execute()
+                replies = iter(await pipe.execute())
+            counts = []  # per model: its demand (over its levels' streams), its live workers
+            for name in names:
+                counts += [sum(next(replies) for _ in self._streams.get(name) or [name]), next(replies)]
         except RedisError as exc:
             logger.warning("scaler cannot reach redis: %s", exc)
             return
@@ -132,9 +156,10 @@ class LocalScaler:
         for index, name in enumerate(names):
             demand, live = counts[2 * index], counts[2 * index + 1]
             decision = self._decide(name, demand, live)
-            started += [name] * decision.start
             for _ in range(decision.start):
-                self.start_worker(name)
+                if self.start_worker(name) is None:
+                    break  # every GPU slot of the model is taken
+                started.append(name)
             for process in scaling.to_stop(self.processes.get(name, []), decision.stop):
                 self.stop_worker(name, process)
                 stopped.append(name)
@@ -185,17 +210,51 @@ class LocalScaler:
         if generation == self._registry_generation and self._policies:
             return
         raw = await self.redis.hgetall(keys.REGISTRY)
-        policies = {}
+        gpus, slots = self.gpus(), {}
+        policies, ensembles = {}, set()
         for name, value in raw.items():
             try:
                 entry = ModelEntry.from_bytes(value)
             except ValueError as exc:
                 logger.warning("registry entry of '%s' skipped: %s", name.decode(), exc)
                 continue
-            policy = scaling.policy_for(entry.config, self.settings)
+            if is_ensemble(entry.config):  # its steps run on their own models' workers
+                ensembles.add(entry.name)
+                continue
+            slots[entry.name] = self._instance_slots(entry.name, entry.config, gpus)
+            if entry.config is not None:  # demand: summed over its priority levels' streams
+                self._streams[entry.name] = queue_policy.streams(entry.name, entry.config)
+            policy = scaling.policy_for(entry.config, self.settings, slots[entry.name].total)
             # a model that cannot be served gets workers only to answer its backlog
             policies[entry.name] = policy if entry.ready else replace(policy, min_workers=0)
-        self._policies, self._registry_generation = policies, generation
+        self._policies, self._ensembles, self._registry_generation = policies, ensembles, generation
+        self._slots = slots
+
+    def gpus(self) -> list[GpuDevice]:
+        """The GPUs this scaler's workers may use, with their free memory now."""
+        return placement.visible_gpus(self.gpu_reader.devices(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+    def _instance_slots(
+        self, name: str, config: ModelConfig | None, gpus: list[GpuDevice]
+    ) -> placement.Slots:
+        """The model's instances on this machine; a GPU group that falls back to the CPU (or
+        loses a GPU) is logged once per model and warning."""
+        slots = placement.instance_slots(config, gpus)
+        if slots.warning and (name, slots.warning) not in self._warned:
+            self._warned.add((name, slots.warning))
+            why = f" ({self.gpu_reader.problem})" if not gpus and self.gpu_reader.problem else ""
+            logger.warning("model '%s': %s%s", name, slots.warning, why)
+        return slots
+
+    def _place(self, model: str) -> str | None:
+        """The device of the model's next worker here, None when its GPU slots are full."""
+        slots = self._slots.get(model) or placement.instance_slots(None, self.gpus())
+        gpus = self.gpus() if any(d != placement.CPU for d in slots.capacity) else []
+        placed: dict[str, int] = {}
+        for process in self.processes.get(model, []):
+            device = self._devices.get(process.pid, placement.CPU)
+            placed[device] = placed.get(device, 0) + 1
+        return placement.choose(slots, gpus, placed)
 
     def _reap(self) -> None:
         self.draining = [(model, p) for model, p in self.draining if p.poll() is None]
@@ -211,12 +270,23 @@ class LocalScaler:
         except RedisError as exc:
             logger.warning("scaler decisions not recorded: %s", exc)
 
-    def start_worker(self, model: str) -> subprocess.Popen:
+    def start_worker(self, model: str) -> subprocess.Popen | None:
+        """Start one worker of ``model`` on the device :mod:`workers.placement` picks (a
+        warm-pool process for the CPU if one is idle); None when every GPU slot of the
+        model is taken, so none can start here."""
+        device = self._place(model)
+        if device is None:
+            logger.debug("model '%s': every GPU slot is taken, no worker started", model)
+            return None
         command = self.worker_command(model)
-        process = self.pool.claim(command) or procs.spawn_python(command)  # a warm-pool one if idle
+        process = self.pool.claim(command) if device == placement.CPU else None
+        if process is None:
+            env = {**os.environ, **placement.worker_env(device, self.has_gpu)}
+            process = procs.spawn_python(command, env=env)
         self.processes.setdefault(model, []).append(process)
         self._started_at[process.pid] = time.monotonic()
-        logger.info("started worker pid %d for model '%s'", process.pid, model)
+        self._devices[process.pid] = device
+        logger.info("started worker pid %d for model '%s' on %s", process.pid, model, device)
         return process
 
     def stop_worker(self, model: str, process: subprocess.Popen) -> None:

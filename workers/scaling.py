@@ -12,6 +12,11 @@ Keys (:data:`PARAMETERS`): ``naiad.min_workers`` (integer >= 0), ``naiad.max_wor
 a mistyped knob never takes a model offline. ``min_workers`` above ``max_workers`` is
 lowered to ``max_workers``.
 
+A model's ``max_workers``, in order: its ``naiad.max_workers`` parameter; else, when its config
+has an ``instance_group``, the number of instances the groups describe on this machine
+(Triton's semantics: ``count`` per listed GPU, or per GPU, or on the CPU; see
+:mod:`workers.placement`); else the server default (``--max-workers``).
+
 :func:`decide` turns one reading of a model (its stream length, live and starting workers)
 into how many workers to start or stop: up at once to ``ceil(demand / target_inflight)``
 (clamped to ``[min_workers, max_workers]``), down by at most one per
@@ -111,13 +116,20 @@ def parse_parameters(config: mc.ModelConfig | None) -> tuple[dict[str, float], l
     return overrides, problems
 
 
-def policy_for(config: mc.ModelConfig | None, settings: Settings) -> ScalingPolicy:
+def policy_for(
+    config: mc.ModelConfig | None, settings: Settings, instances: int | None = None
+) -> ScalingPolicy:
     """The policy of the model whose config is ``config`` (None: an unavailable model, the
-    server defaults); invalid parameters are logged and ignored."""
+    server defaults); invalid parameters are logged and ignored. ``instances``: the model's
+    instance count from its ``instance_group`` (:attr:`workers.placement.Slots.total`; None
+    without groups), its ``max_workers`` unless ``naiad.max_workers`` is set."""
     overrides, problems = parse_parameters(config)
     for problem in problems:
         logger.warning("model '%s': %s", config.name if config is not None else "?", problem)
-    return _consistent(replace(default_policy(settings), **overrides))
+    base = default_policy(settings)
+    if instances is not None:
+        base = replace(base, max_workers=instances)
+    return _consistent(replace(base, **overrides))
 
 
 def _consistent(policy: ScalingPolicy) -> ScalingPolicy:

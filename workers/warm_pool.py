@@ -33,7 +33,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from redis.exceptions import RedisError
 
@@ -63,12 +63,15 @@ def pool_command(settings: Settings, redis_url: str, log_flags: Sequence[str]) -
 
 
 class WarmPool:
-    """Idle pool processes of one scaler; ``start()`` in its event loop, ``close()`` at the end."""
+    """Idle pool processes of one scaler; ``start()`` in its event loop, ``close()`` at the end.
+    ``env``: their environment (the scaler's CPU placement: pool processes serve CPU workers
+    only, see :mod:`workers.placement`); None: this process's."""
 
-    def __init__(self, settings: Settings, command: Sequence[str]):
+    def __init__(self, settings: Settings, command: Sequence[str], env: Mapping[str, str] | None = None):
         self.size = settings.warm_pool_size
         self.idle_timeout_s = settings.warm_pool_idle_timeout_s
         self.command = list(command)
+        self.env = dict(env) if env is not None else None
         self.idle: list[subprocess.Popen] = []
         self._last_cold_start = time.monotonic()
         self._refill_at = 0.0
@@ -131,7 +134,7 @@ class WarmPool:
         if len(self.idle) < self.size and now < self._refill_at:
             return self._refill_at - now
         while len(self.idle) < self.size:
-            self.idle.append(procs.spawn_python(self.command, stdin=subprocess.PIPE))
+            self.idle.append(procs.spawn_python(self.command, stdin=subprocess.PIPE, env=self.env))
         if self.idle_timeout_s is None:
             return CHECK_S
         return min(CHECK_S, self.idle_timeout_s - (now - self._last_cold_start))
@@ -171,7 +174,7 @@ async def serve_claim(settings: Settings, parse: Callable[[list[str]], tuple[Set
     from workers import backends  # noqa: PLC0415
     from workers.worker import Prepared, Worker, process_started_at  # noqa: PLC0415
 
-    ready = backends.prepare()
+    ready = backends.prepare(settings.warm_pool_backends)
     redis, store = await _connect(settings), await _open(settings)
     took_s = time.time() - process_started_at()
     logger.info("warm-pool process pid %d ready %.3f s after it started (backends: %s)",

@@ -21,6 +21,7 @@ import os
 import signal
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,19 +30,19 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError, ResponseError
 
-from naiad import keys, logs, stats, telemetry, tracing
-from naiad.codec import QueuedRequest, Reply, decode_request, encode_reply, encode_request
+from naiad import keys, logs, queue_policy, stats, telemetry, tracing
+from naiad.codec import QueuedRequest, Reply, encode_reply, entry_order
 from naiad.datatypes import datatype_of
-from naiad.errors import DeadlineExceeded, InferenceFailed, NaiadError
+from naiad.errors import DeadlineExceeded, InferenceFailed, NaiadError, QueueTimeout
 from naiad.inference import Tensor
 from naiad.redis_client import connect
 from naiad.settings import Settings
 from repository_store import ModelEntry, RepositoryStore
-from workers import batching, reclaim, scaling
-from workers.batcher import BatchPolicy
+from workers import batching, bls, request_level, scaling
+from workers.batcher import Batcher, BatchPolicy
 from workers.loader import VersionLoad, VersionLoader
 from workers.model import ModelRunner
-from workers.reclaim import reclaim_orphans
+from workers.queue_reader import QueueReader
 
 logger = logging.getLogger(__name__)
 
@@ -77,10 +78,12 @@ class Worker:
         self.worker_id = worker_id or f"{model}-{uuid.uuid4().hex[:8]}"
         self.prepared = prepared
         self.redis = (prepared and prepared.redis) or connect(redis_url, longest_block_s=1.0)
-        self.stream = keys.request_stream(model)
+        self.redis_url = redis_url
+        self.queue = QueueReader(self.redis, model, self.worker_id)
         self.loader = VersionLoader(settings, model, prepared.store if prepared else None)
         self._marks: dict[str, float] = {}  # cold-start phases: name -> epoch seconds at its end
         self.policy: BatchPolicy | None = None
+        self.batcher: Batcher | None = None  # the claimed requests not yet run
         self.scaling = scaling.default_policy(settings)
         self.superseded = False  # the registry no longer serves what this worker loaded
         self._retire_by: float | None = None  # versions changed: serve the old queue until then
@@ -94,12 +97,15 @@ class Worker:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stopping.set)
-        await self._ensure_group()
+        await self.queue.ensure_groups()
         await self._heartbeat()
         beat = asyncio.create_task(self._heartbeat_loop())
+        calls = bls.install(self.settings, self.redis, self.redis_url, self.worker_id)  # Python models' BLS
         try:
             return await self._load_and_serve()
         finally:
+            await asyncio.to_thread(self.loader.close)  # backends' close(): Python models' finalize()
+            await calls.close()
             beat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await beat
@@ -110,12 +116,16 @@ class Worker:
         try:
             registered = await self._registered()
             self._marks["registry"] = time.time()
+            if registered is not None and registered.config is not None:  # its priority levels
+                self.queue.configure(queue_policy.priority_levels(registered.config))
+                await self.queue.ensure_groups()
             entry = await self.loader.start(registered)
         except NaiadError as exc:
             logger.error("model '%s' cannot be served: %s", self.model, exc.message)
             await self._fail_backlog(exc)
             return 2
         self.policy = BatchPolicy.from_config(entry.config)
+        self.batcher = Batcher(self.model, entry.config, self.policy)
         self.scaling = scaling.policy_for(entry.config, self.settings)
         await self._record_cold_start()
         await self._serve()
@@ -149,13 +159,6 @@ class Worker:
             telemetry.add_download(pipe, self.model, pull.bytes, pull.seconds)
         for load in self.loader.take_loads() if loads is None else loads:
             telemetry.add_load(pipe, self.model, load.load_s)
-
-    async def _ensure_group(self) -> None:
-        try:
-            await self.redis.xgroup_create(self.stream, keys.WORKER_GROUP, id="0", mkstream=True)
-        except ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
 
     async def _heartbeat(self) -> None:
         deadline = time.time() + 3 * self.settings.heartbeat_s
@@ -205,33 +208,15 @@ class Worker:
     async def _deregister(self) -> None:
         with contextlib.suppress(Exception):
             await self.redis.zrem(keys.workers(self.model), self.worker_id)
-            await self.redis.xgroup_delconsumer(self.stream, keys.WORKER_GROUP, self.worker_id)
-            if self.superseded and await self.redis.xlen(self.stream):
+            await self.queue.leave()
+            if self.superseded and await self.queue.backlog():
                 await self.redis.rpush(keys.SCALER_WAKE, self.model)  # start the successor now
-
-    async def _read(self, count: int, block_ms: int | None) -> list[QueuedRequest]:
-        response = await self.redis.xreadgroup(
-            keys.WORKER_GROUP, self.worker_id, {self.stream: ">"}, count=count, block=block_ms
-        )
-        requests = []
-        for _, entries in response or []:
-            for entry_id, fields in entries:
-                requests.append(await self._decode(entry_id, fields))
-        return [r for r in requests if r is not None]
-
-    async def _decode(self, entry_id: bytes, fields: dict) -> QueuedRequest | None:
-        try:
-            return decode_request(self.model, fields, entry_id)
-        except NaiadError:
-            logger.exception("dropping malformed stream entry %s", entry_id)
-            await self.redis.xack(self.stream, keys.WORKER_GROUP, entry_id)
-            await self.redis.xdel(self.stream, entry_id)
-            return None
 
     async def _serve(self) -> None:
         """Serve until idle, told to stop, or retired. A Redis failure (an outage, a restart)
         never ends the worker: it backs off and tries again; a group lost with a restarted
-        Redis's memory (NOGROUP) is created again."""
+        Redis's memory (NOGROUP) is created again. On the way out it runs what it still holds
+        claimed (:meth:`_drain`)."""
         assert self.policy is not None
         idle_since, backoff = time.monotonic(), REDIS_BACKOFF_S[0]
         while not self.stopping.is_set() and not self._retired():
@@ -243,23 +228,37 @@ class Worker:
                 continue
             backoff = REDIS_BACKOFF_S[0]
             if turn is None:
-                return
+                break
             idle_since = turn
+        await self._drain()
+
+    async def _drain(self) -> None:
+        """Run every request still held, without batching delays; a Redis failure leaves the
+        rest pending for another worker's reclaim."""
+        assert self.batcher is not None
+        try:
+            while len(self.batcher):
+                batch, rejected, _ = self._due(time.time(), flush=True)
+                await self._process(batch, rejected)
+        except RedisError as exc:
+            logger.warning("%d claimed requests left for another worker (%s)", len(self.batcher), exc)
 
     async def _turn(self, idle_since: float) -> float | None:
-        """One turn of the serve loop: the new start of the idle time, or None to exit."""
-        assert self.policy is not None
+        """One turn of the serve loop: claim what fits the batcher's window (blocking only
+        when it holds nothing), run one batch; the new start of the idle time, or None to
+        exit."""
+        assert self.batcher is not None
         remaining = self.scaling.idle_timeout_s - (time.monotonic() - idle_since)
-        if remaining <= 0:
+        if remaining <= 0 and not len(self.batcher):
             if await self._leave_if_idle():
                 return None
             return time.monotonic()  # kept (a late request, or the minimum)
         block_ms = max(1, int(min(max(remaining, 0.001), 1.0) * 1000))
-        first = await self._reclaim() or await self._read(self.policy.read_count, block_ms)
-        if not first:
+        self.batcher.add(await self._reclaim())
+        self.batcher.add(await self.queue.read(self.batcher.room, None if len(self.batcher) else block_ms))
+        if not len(self.batcher):
             return None if self.superseded else idle_since  # retiring, and nothing is queued
-        batch = await self._gather(first)
-        await self._process(batch)
+        await self._process(*await self._next_batch())
         return time.monotonic()
 
     async def _redis_failed(self, exc: RedisError, backoff_s: float) -> None:
@@ -268,7 +267,7 @@ class Worker:
             await asyncio.wait_for(self.stopping.wait(), backoff_s)
         if isinstance(exc, ResponseError) and "NOGROUP" in str(exc):
             with contextlib.suppress(RedisError):
-                await self._ensure_group()  # a restarted, empty Redis
+                await self.queue.ensure_groups()  # a restarted, empty Redis
 
     def _retired(self) -> bool:
         if self._retire_by is not None and time.monotonic() > self._retire_by:
@@ -282,12 +281,10 @@ class Worker:
         if now < self._next_reclaim:
             return []
         self._next_reclaim = now + self.settings.heartbeat_s
-        min_idle_ms = int(self.settings.heartbeat_s * 1000)
-        entries = await reclaim_orphans(self.redis, self.model, self.worker_id, min_idle_ms)
-        if entries:
-            logger.warning("reclaimed %d requests left by dead workers", len(entries))
-        decoded = [await self._decode(entry_id, fields) for entry_id, fields in entries]
-        return [request for request in decoded if request is not None]
+        requests = await self.queue.reclaim(int(self.settings.heartbeat_s * 1000))
+        if requests:
+            logger.warning("reclaimed %d requests left by dead workers", len(requests))
+        return requests
 
     async def _leave_if_idle(self) -> bool:
         """Deregister, then look once more: a request that raced the decision keeps us, and
@@ -298,12 +295,13 @@ class Worker:
         if not scaling.may_leave_idle(self.scaling, others):
             await self._heartbeat()
             return False
-        late = await self._read(1, None)
+        late = await self.queue.read(1, None)
         if not late:
             logger.info("idle for %g s, exiting (scale to zero)", self.scaling.idle_timeout_s)
             return True
         await self._heartbeat()
-        await self._process(await self._gather(late))
+        assert self.batcher is not None
+        self.batcher.add(late)  # served by the next turns
         return False
 
     async def _hand_over(self, requests: list[QueuedRequest]) -> list[QueuedRequest]:
@@ -318,74 +316,60 @@ class Worker:
         if not foreign or not self.superseded:
             return requests
         self.stopping.set()
-        async with self.redis.pipeline(transaction=True) as pipe:
-            for queued in foreign:
-                pipe.xadd(self.stream, encode_request(
-                    queued.queue_id, queued.request, queued.reply_to, queued.deadline,
-                    queued.enqueued_at, traceparent=queued.traceparent, log_id=queued.log_id,
-                ))  # fmt: skip
-            ids = [queued.entry_id for queued in foreign]
-            pipe.xack(self.stream, keys.WORKER_GROUP, *ids)
-            pipe.xdel(self.stream, *ids)
-            await pipe.execute()
+        await self.queue.hand_back(foreign)
         logger.info("handed %d requests for a newer version back to the queue", len(foreign))
         handed = {id(r) for r in foreign}
         return [r for r in requests if id(r) not in handed]
 
-    async def _gather(self, requests: list[QueuedRequest]) -> list[QueuedRequest]:
-        """Dynamic batching: take what is queued now; if the batch is still short, wait out
-        the queue delay once and take what came meanwhile.
+    async def _next_batch(self) -> tuple[list[QueuedRequest], list[QueuedRequest]]:
+        """Dynamic batching: the batch to run and the requests whose queue timeout passed
+        under REJECT (either may be empty, not both). While the batcher wants to wait (for a
+        preferred batch size within ``max_queue_delay_microseconds``, or a queue timeout), it
+        sleeps and claims what came meanwhile.
 
         The wait is an asyncio sleep, not ``XREADGROUP BLOCK``: Redis checks blocked clients'
         timeouts only every ``1000/hz`` ms (100 ms at the default ``hz 10``), far coarser
         than a batching delay of a few milliseconds.
         """
-        assert self.policy is not None
-        if not self.policy.enabled:
-            return requests
-        started = time.monotonic()
-        if (want := self.policy.rows_wanted(requests)) > 0:
-            requests += await self._read(want, None)
-        left_s = self.policy.max_queue_delay_s - (time.monotonic() - started)
-        if (want := self.policy.rows_wanted(requests)) > 0 and left_s > 0:
-            await asyncio.sleep(left_s)
-            requests += await self._read(want, None)
-        return requests
+        assert self.batcher is not None
+        while True:
+            batch, rejected, wait_s = self._due(time.time())
+            if batch or rejected or not len(self.batcher):
+                return batch, rejected
+            await asyncio.sleep(wait_s)
+            self.batcher.add(await self.queue.read(self.batcher.room, None))
 
-    async def _still_ours(self, requests: list[QueuedRequest]) -> list[QueuedRequest]:
-        """The requests still pending for this worker, by one ``XPENDING`` over their id
-        range. One withdrawn by its gateway (the client went away, its deadline passed) or
-        taken over by another worker (this one was frozen past the reclaim time) is not: it
-        is neither run nor answered here, so it runs at most once more than needed."""
-        if not requests:
-            return requests
-        ids = sorted((r.entry_id for r in requests), key=_entry_order)
-        pending = await self.redis.xpending_range(
-            self.stream, keys.WORKER_GROUP, ids[0], ids[-1], len(ids) + reclaim.SCAN_COUNT,
-            consumername=self.worker_id,
-        )  # fmt: skip
-        ours = {p["message_id"] for p in pending}
-        kept = [r for r in requests if r.entry_id in ours]
-        if len(kept) < len(requests):
-            logger.info("skipped %d requests withdrawn or taken over by another worker",
-                        len(requests) - len(kept))  # fmt: skip
-        return kept
+    def _due(
+        self, now: float, flush: bool = False
+    ) -> tuple[list[QueuedRequest], list[QueuedRequest], float]:  # fmt: skip
+        """What the batcher has for now: ``(batch, rejected, seconds to wait otherwise)``."""
+        assert self.batcher is not None
+        rejected = self.batcher.expired(now)
+        batch, wait_s = self.batcher.take(now, flush)
+        return batch, rejected, wait_s
 
-    async def _process(self, requests: list[QueuedRequest]) -> None:
-        requests = await self._still_ours(requests)
+    async def _process(self, batch: list[QueuedRequest], rejected: Sequence[QueuedRequest] = ()) -> None:
+        """Run ``batch`` and answer it, with ``rejected`` (:class:`QueueTimeout`) and what
+        expired in the queue (:class:`DeadlineExceeded`), in arrival order, in one pipeline.
+        Requests no longer this worker's (:meth:`QueueReader.still_ours`) are skipped."""
+        requests = await self.queue.still_ours([*batch, *rejected])
         if not requests:
             return
-        now = time.time()
-        live = await self._hand_over([r for r in requests if r.deadline > now])
-        expired = DeadlineExceeded("request expired in the queue")
-        pairs = [(r, encode_reply(Reply(r.queue_id, error=expired))) for r in requests if r.deadline <= now]
+        turned_away, now = {id(r) for r in rejected}, time.time()
+        errors: dict[int, NaiadError] = {}
+        for r in requests:
+            if id(r) in turned_away:
+                errors[id(r)] = QueueTimeout("Request timeout expired")  # Triton's words
+            elif r.deadline <= now:
+                errors[id(r)] = DeadlineExceeded("request expired in the queue")
+        live = await self._hand_over([r for r in requests if id(r) not in errors])
+        pairs = [(r, encode_reply(Reply(r.queue_id, error=e))) for r in requests if (e := errors.get(id(r)))]
         runs: list[stats.Execution] = []
-        assert self.policy is not None
-        for indices in batching.plan_batches([r.request for r in live], self.policy.plan_rows):
-            group = [live[i] for i in indices]
-            payloads, run = await self._execute(group)
-            pairs += zip(group, payloads, strict=True)
+        if live:
+            payloads, run = await self._execute(live)
+            pairs += zip(live, payloads, strict=True)
             runs += [run] if run is not None else []
+        pairs.sort(key=lambda pair: (entry_order(pair[0].entry_id), pair[0].enqueued_at))
         await self._reply(pairs, runs)
 
     async def _execute(self, group: list[QueuedRequest]) -> tuple[list[bytes], stats.Execution | None]:
@@ -425,7 +409,10 @@ class Worker:
         self, runner: ModelRunner, group: list[QueuedRequest]
     ) -> tuple[list[bytes], stats.Execution]:
         """Triton's phases, timed: compute_input (merge, reshape), compute_infer (the
-        backend, in a thread), compute_output (reshape back, split, encode the replies)."""
+        backend, in a thread), compute_output (reshape back, split, encode the replies).
+        A request-level backend (Python) gets the requests unmerged instead."""
+        if request_level.is_request_level(runner):
+            return await request_level.run_requests(runner, group)
         requests = [queued.request for queued in group]
         started_s, t0 = time.time(), time.perf_counter_ns()
         batched = runner.config.max_batch_size > 0
@@ -481,22 +468,13 @@ class Worker:
             for queued, payload in pairs:
                 pipe.rpush(queued.reply_to, payload)
                 pipe.expire(queued.reply_to, keys.REPLY_TTL_S)
-            ids = [queued.entry_id for queued, _ in pairs]
-            if ids:
-                pipe.xack(self.stream, keys.WORKER_GROUP, *ids)
-                pipe.xdel(self.stream, *ids)
+            self.queue.acknowledge(pipe, [queued for queued, _ in pairs])
             await pipe.execute()
 
     async def _fail_backlog(self, error: NaiadError) -> None:
         """A model that cannot load answers what waits for it with the reason, then exits."""
-        while requests := await self._read(100, None):
+        while requests := await self.queue.read(100, None):
             await self._reply([(r, encode_reply(Reply(r.queue_id, error=error))) for r in requests])
-
-
-def _entry_order(entry_id: bytes) -> tuple[int, int]:
-    """A stream entry id ``<ms>-<seq>`` as numbers, for ordering."""
-    ms, _, seq = entry_id.partition(b"-")
-    return int(ms), int(seq or 0)
 
 
 def _tensors(arrays: dict[str, np.ndarray]) -> list[Tensor]:
@@ -523,8 +501,11 @@ def cold_start_phases(
     process the interpreter, imports and settings; for a warm-pool process the claim reaching
     it), ``registry`` (consumer group, heartbeat and registry entry: the first Redis round
     trips), ``open`` (opening the repository and the rest of the loader's work), ``pull``
-    (local cache check, download when missing) and ``load`` (the backend's load)."""
+    (local cache check, download when missing), ``load`` (the backend's load) and ``warmup``
+    (the config's ``model_warmup`` samples, run before the first request is read)."""
     run, registry = marks.get("start", origin), marks.get("registry", origin)
     pull, load = sum(x.pull_s for x in loads), sum(x.load_s for x in loads)
+    warmup = sum(x.warmup_s for x in loads)
     return {"start": run - origin, "registry": registry - run,
-            "open": max(0.0, ready - registry - pull - load), "pull": pull, "load": load}  # fmt: skip
+            "open": max(0.0, ready - registry - pull - load - warmup), "pull": pull, "load": load,
+            "warmup": warmup}  # fmt: skip

@@ -75,7 +75,7 @@ def test_a_frozen_workers_duplicate_never_reaches_the_client(
 ):
     """Worker A is frozen holding a request; worker B reclaims and answers it; A resumes.
     The client gets one, right answer; A never runs the entry (it is no longer pending for A:
-    :meth:`Worker._still_ours`), so the statistics count one execution and one success."""
+    :meth:`QueueReader.still_ours`), so the statistics count one execution and one success."""
     server = naiad_server(redis_url=redis_url, idle_timeout_s=30)
     client = httpclient.InferenceServerClient(server.url, network_timeout=60)
     x = digits_holdout[0][:3]

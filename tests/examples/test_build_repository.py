@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -95,6 +96,23 @@ def test_layout(repository: Path) -> None:
         "digits/1/model.onnx",
         "digits/config.pbtxt",
         "digits/labels.txt",
+        "digits_ensemble/config.pbtxt",
+        "digits_ensemble/labels.txt",
+        "digits_mlp/1/model.onnx",
+        "digits_mlp/config.pbtxt",
+        "digits_mlp/labels.txt",
+        "digits_preprocess/1/model.py",
+        "digits_preprocess/1/normalization.json",
+        "digits_preprocess/config.pbtxt",
+        "digits_pytorch/1/model.pt",
+        "digits_pytorch/config.pbtxt",
+        "digits_pytorch/labels.txt",
+        "digits_tensorflow/1/model.savedmodel/fingerprint.pb",
+        "digits_tensorflow/1/model.savedmodel/saved_model.pb",
+        "digits_tensorflow/1/model.savedmodel/variables/variables.data-00000-of-00001",
+        "digits_tensorflow/1/model.savedmodel/variables/variables.index",
+        "digits_tensorflow/config.pbtxt",
+        "digits_tensorflow/labels.txt",
         "silero_vad/1/model.onnx",
         "silero_vad/config.pbtxt",
     ]
@@ -124,7 +142,7 @@ def test_digits_labels_file(repository: Path) -> None:
     assert labels == [str(i) for i in range(10)]
 
 
-@pytest.mark.parametrize("model", ["digits", "silero_vad"])
+@pytest.mark.parametrize("model", ["digits", "digits_mlp", "silero_vad"])
 def test_graph_signature_matches_config(repository: Path, model: str) -> None:
     config, graph = load_config(repository / model), session(repository / model)
     assert {i.name: i.type for i in graph.get_inputs()} == {
@@ -158,6 +176,92 @@ def test_digits_holdout_accuracy(repository: Path, holdout: tuple[np.ndarray, np
         [graph.run(["label"], {"input": x[i : i + 64]})[0][:, 0] for i in range(0, len(x), 64)]
     )
     assert np.mean(labels == y) > 0.9
+
+
+def test_framework_digits_configs(repository: Path) -> None:
+    torch_config = load_config(repository / "digits_pytorch")
+    tf_config = load_config(repository / "digits_tensorflow")
+    assert (torch_config.platform, tf_config.platform) == ("pytorch_libtorch", "tensorflow_savedmodel")
+    assert [io.name for io in torch_config.input] == ["input__0"]
+    assert [io.name for io in torch_config.output] == ["output__0", "output__1"]
+    assert [io.name for io in tf_config.input] == ["input"]
+    assert [io.name for io in tf_config.output] == ["probabilities", "label"]
+    onnx_config = load_config(repository / "digits")
+    for config in (torch_config, tf_config):
+        assert config.max_batch_size == onnx_config.max_batch_size
+        assert config.dynamic_batching == onnx_config.dynamic_batching
+        for io, onnx_io in zip([*config.input, *config.output], [*onnx_config.input, *onnx_config.output],
+                               strict=True):
+            assert (io.data_type, list(io.dims)) == (onnx_io.data_type, list(onnx_io.dims))
+        labels = (repository / config.name / "labels.txt").read_text()
+        assert labels == (repository / "digits" / "labels.txt").read_text()
+
+
+def onnx_outputs(repository: Path, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    probabilities, label = session(repository / "digits").run(["probabilities", "label"], {"input": x})
+    return probabilities, label
+
+
+@pytest.mark.parametrize("batch", [1, 64, 360])
+def test_torchscript_digits_equals_onnx(
+    repository: Path, holdout: tuple[np.ndarray, np.ndarray], batch: int
+) -> None:
+    import torch
+
+    with warnings.catch_warnings():  # torch 2.9+ calls TorchScript deprecated
+        warnings.simplefilter("ignore", DeprecationWarning)
+        module = torch.jit.load(str(repository / "digits_pytorch" / "1" / "model.pt"))
+    x = holdout[0][:batch]
+    probabilities, label = module(torch.from_numpy(x.copy()))
+    expected_probabilities, expected_label = onnx_outputs(repository, x)
+    assert probabilities.dtype == torch.float32 and label.dtype == torch.int64
+    np.testing.assert_allclose(probabilities.numpy(), expected_probabilities, atol=1e-5)
+    np.testing.assert_array_equal(label.numpy(), expected_label)
+
+
+@pytest.mark.parametrize("batch", [1, 64, 360])
+def test_savedmodel_digits_equals_onnx(
+    repository: Path, holdout: tuple[np.ndarray, np.ndarray], batch: int
+) -> None:
+    import tensorflow as tf
+
+    loaded = tf.saved_model.load(str(repository / "digits_tensorflow" / "1" / "model.savedmodel"))
+    signature = loaded.signatures["serving_default"]
+    assert sorted(signature.structured_input_signature[1]) == ["input"]
+    x = holdout[0][:batch]
+    outputs = signature(input=tf.constant(x))
+    expected_probabilities, expected_label = onnx_outputs(repository, x)
+    np.testing.assert_allclose(outputs["probabilities"].numpy(), expected_probabilities, atol=1e-5)
+    np.testing.assert_array_equal(outputs["label"].numpy(), expected_label)
+
+
+def test_preprocessing_ensemble_layout(repository: Path) -> None:
+    ensemble = load_config(repository / "digits_ensemble")
+    assert ensemble.platform == "ensemble" and ensemble.max_batch_size == 64
+    assert [s.model_name for s in ensemble.ensemble_scheduling.step] == ["digits_preprocess", "digits_mlp"]
+    assert (repository / "digits_ensemble" / "1").is_dir()  # the (empty) version folder
+    preprocess = load_config(repository / "digits_preprocess")
+    assert preprocess.backend == "python" and [io.name for io in preprocess.input] == ["pixels"]
+    source = (repository / "digits_preprocess" / "1" / "model.py").read_text()
+    assert "import triton_python_backend_utils as pb_utils" in source and "class TritonPythonModel" in source
+
+
+@pytest.mark.parametrize("batch", [1, 64, 360])
+def test_normalised_mlp_equals_digits(
+    repository: Path, holdout: tuple[np.ndarray, np.ndarray], batch: int
+) -> None:
+    """What the ensemble computes (normalisation with the shipped statistics, then
+    ``digits_mlp``) is ``digits`` on the raw pixels."""
+    import json
+
+    statistics = json.loads((repository / "digits_preprocess" / "1" / "normalization.json").read_text())
+    x = holdout[0][:batch]
+    features = ((x - np.float32(statistics["mean"])) / np.float32(statistics["scale"])).astype(np.float32)
+    mlp = session(repository / "digits_mlp")
+    probabilities, label = mlp.run(["probabilities", "label"], {"input": features})
+    expected_probabilities, expected_label = onnx_outputs(repository, x)
+    np.testing.assert_allclose(probabilities, expected_probabilities, atol=1e-5)
+    np.testing.assert_array_equal(label, expected_label)
 
 
 def silero_feeds(config: model_config_pb2.ModelConfig, batch: int) -> dict[str, np.ndarray]:
@@ -201,7 +305,7 @@ def test_silero_runs_at_config_shapes(repository: Path, batch: int) -> None:
 def test_rebuild_is_idempotent(repository: Path) -> None:
     before = snapshot(repository)
     stdout = build(repository)
-    assert stdout.count("up to date") == 2, stdout
+    assert stdout.count("up to date") == 7, stdout
     assert snapshot(repository) == before
 
 
@@ -217,6 +321,7 @@ def test_rebuild_repairs_and_keeps_other_models(tmp_path: Path, repository: Path
     (out_dir / "other" / "config.pbtxt").write_text('name: "other"\n')
     stdout = build(out_dir)
     assert "digits: updated" in stdout and "silero_vad: up to date" in stdout, stdout
+    assert "digits_pytorch: up to date" in stdout, stdout
     assert snapshot(out_dir / "digits").keys() == snapshot(repository / "digits").keys()
     assert (out_dir / "digits" / "labels.txt").read_bytes() == (
         repository / "digits" / "labels.txt"

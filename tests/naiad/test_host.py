@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from naiad.host import CpuReading, GpuReader, GpuReading, read_cpu
+from naiad.host import CpuReading, GpuDevice, GpuReader, GpuReading, read_cpu
 
 
 class FakeNvml:
@@ -54,6 +54,19 @@ def test_no_nvml_reads_nothing_and_tries_once():
     reader = GpuReader(nvml)
     assert reader() == [] and reader() == []
     assert nvml.inits == 1
+
+
+def test_devices_for_placement_give_index_uuid_and_memory():
+    assert GpuReader(FakeNvml()).devices() == [
+        GpuDevice(0, "GPU-0", 0, 80 << 30),
+        GpuDevice(1, "GPU-1", 0, 80 << 30),
+    ]
+
+
+def test_no_devices_say_why():
+    reader = GpuReader(FakeNvml(fail_init=True))
+    assert reader.devices() == []
+    assert reader.problem == "NVML: NVML Shared Library Not Found"
 
 
 def test_this_machine_without_a_gpu_skips_cleanly():

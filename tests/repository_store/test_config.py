@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import pytest
-from rs_helpers import onnx_config
+from rs_helpers import ENSEMBLE_CONFIG, onnx_config
 from tritonclient.grpc import model_config_pb2
 
 from naiad.errors import ConfigError
@@ -87,7 +87,7 @@ def test_unrecognised_backend(text: str) -> None:
 
 def test_valid_configs_pass() -> None:
     validate_config(cfg_of(onnx_config("m")))
-    validate_config(cfg_of('platform: "ensemble"'))
+    validate_config(cfg_of(ENSEMBLE_CONFIG))
     scalar = onnx_config("m").replace("dims: [ 4 ]", "dims: [ 1 ] reshape { shape: [ ] }")
     validate_config(cfg_of(scalar))
     reshaped = onnx_config("m").replace("dims: [ 4 ]", "dims: [ 4 ] reshape { shape: [ 2, 2 ] }")

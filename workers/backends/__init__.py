@@ -9,17 +9,28 @@ from __future__ import annotations
 
 import importlib
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from naiad.errors import Unsupported
+from naiad.errors import ModelNotReady, NaiadError, Unsupported
 from repository_store import backend_of
 
 
 class Backend(Protocol):
+    """What the worker runs. Two optional methods, looked up with ``getattr``:
+
+    - ``execute_requests(requests: list[InferRequest]) -> list[list[Tensor] | NaiadError]``:
+      a request-level backend (Triton's Python backend) takes the requests of a dynamic batch
+      as they are, unmerged, and answers each (its outputs, or the error that fails it); the
+      worker then calls it instead of merge / ``infer`` / split.
+    - ``close() -> None``: called once when the worker exits (the Python backend's
+      ``finalize``).
+    """
+
     def infer(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
         """Run one batch. Raises any exception the framework raises."""
         ...
@@ -27,28 +38,50 @@ class Backend(Protocol):
 
 logger = logging.getLogger(__name__)
 
-_MODULES = {"onnxruntime": "workers.backends.onnxruntime"}
+_MODULES = {
+    "onnxruntime": "workers.backends.onnxruntime",
+    "pytorch": "workers.backends.pytorch",
+    "tensorflow": "workers.backends.tensorflow",
+    "python": "workers.backends.python",
+}
+# The pip extra that installs each backend's framework.
+_EXTRAS = {"onnxruntime": "onnx", "pytorch": "pytorch", "tensorflow": "tensorflow"}
 
 
 def load_backend(version_dir: Path, config: mc.ModelConfig, device: str) -> Backend:
     """Load the model in ``version_dir`` with the backend its config names.
 
-    ``device`` is ``"cpu"`` or ``"cuda"``. Raises :class:`Unsupported` for a backend this
-    build does not have.
+    ``device`` is ``"cpu"`` or ``"cuda"``.
+    :raises Unsupported: a backend this build does not have, or whose framework is not installed.
+    :raises ModelNotReady: the model does not load: the framework's error, or a model whose
+        tensors disagree with its config (Triton marks such a model UNAVAILABLE).
     """
     name = backend_of(config)
     if name not in _MODULES:
         raise Unsupported(f"backend '{name}' is not available in this worker")
-    module = importlib.import_module(_MODULES[name])
-    return module.load(version_dir, config, device)
+    try:
+        module = importlib.import_module(_MODULES[name])
+    except ImportError as exc:
+        raise Unsupported(f"backend '{name}' is not installed in this worker ({exc}; "
+                          f"pip install 'naiad[{_EXTRAS[name]}]')") from None  # fmt: skip
+    try:
+        return module.load(version_dir, config, device)
+    except NaiadError:
+        raise
+    except Exception as exc:  # the framework's own errors, whatever their class
+        raise ModelNotReady(f"unable to load model '{config.name}' version {version_dir.name} "
+                            f"({name}): {exc}") from exc  # fmt: skip
 
 
-def prepare() -> list[str]:
-    """Import every backend this build has and let each warm up (a warm-pool process does
-    this before it knows its model, so a claim pays only the model load). Returns the names
-    of the backends ready; one whose framework is not installed is skipped."""
+def prepare(names: Sequence[str] = ("onnxruntime",)) -> list[str]:
+    """Import the backends ``names`` and let each warm up (a warm-pool process does this
+    before it knows its model, so a claim pays only the model load). Only ONNX Runtime by
+    default: importing torch (~1 s, ~220 MB) and TensorFlow (~4 s, ~600 MB) into every pool
+    process would cost more than most claims save (``Settings.warm_pool_backends``). Returns
+    the names of the backends ready; an unknown one, or one whose framework is not installed,
+    is skipped."""
     ready = []
-    for name, module_name in _MODULES.items():
+    for name, module_name in ((n, _MODULES[n]) for n in names if n in _MODULES):
         try:
             module = importlib.import_module(module_name)
         except ImportError:

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Creates the peers' own virtual environments (their dependencies conflict with Naiad's):
+#   .bench/venvs/mlserver  mlserver 1.7.1 + onnxruntime (runtime: bench/peers/mlserver_onnx.py)
+#   .bench/venvs/kserve    kserve 0.21.0 + onnxruntime (server: bench/peers/kserve_server.py)
+# ONNX Runtime is pinned to the main venv's version, so every server runs the same kernels.
+# Idempotent: a venv whose stamp names the same packages is left alone.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+PYTHON=${PYTHON:-python3}
+VENVS=$ROOT/.bench/venvs
+ORT=$("$ROOT/.venv/bin/python" -c 'import onnxruntime; print(onnxruntime.__version__)' 2>/dev/null || true)
+ORT_REQ=${ORT:+onnxruntime==$ORT}
+ORT_REQ=${ORT_REQ:-onnxruntime>=1.17}
+
+make_venv() {
+  local name=$1; shift
+  local dir=$VENVS/$name want="$*"
+  if [ -f "$dir/.stamp" ] && [ "$(cat "$dir/.stamp")" = "$want" ]; then
+    echo "$name: up to date ($want)"; return
+  fi
+  rm -rf "$dir"
+  "$PYTHON" -m venv "$dir"
+  "$dir/bin/pip" install -q --upgrade pip
+  "$dir/bin/pip" install -q "$@"
+  echo "$want" > "$dir/.stamp"
+  echo "$name: installed ($want)"
+}
+
+make_venv mlserver "mlserver==1.7.1" "$ORT_REQ"
+make_venv kserve "kserve==0.21.0" "$ORT_REQ"
+# Smoke checks: each imports its server and its runtime module.
+PYTHONPATH=$ROOT/bench/peers "$VENVS/mlserver/bin/python" -c 'import mlserver_onnx, mlserver; print("mlserver", mlserver.__version__)'
+"$VENVS/kserve/bin/python" -c 'import kserve, onnxruntime; print("kserve ok, onnxruntime", onnxruntime.__version__)'

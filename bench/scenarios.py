@@ -1,0 +1,278 @@
+"""Benchmark scenarios, one command each: start the servers compared, load them, stop them, report.
+
+    .venv/bin/python -m bench.scenarios overhead|throughput|peers|coldstart|cache [options]
+
+Every load scenario builds the benchmark repository if needed (:mod:`bench.perf.models`), runs
+the servers one after another (each alone on the machine while measured, stopped after), drives
+each with the same load generator (:mod:`bench.perf.loadgen`) and writes ``NAME.json``,
+``NAME.md`` and ``NAME.png`` under ``--out`` (default ``bench/results``); server logs go to
+``.bench/logs/NAME-<time>/``.
+
+- ``overhead``: ``tiny`` (an Identity node) at concurrency 1: the floor, Naiad over HTTP (binary
+  tensors) and over gRPC. What Naiad adds per request.
+- ``throughput``: ``digits`` and ``digits_cnn`` swept over ``--concurrency`` (1…64), Naiad with
+  dynamic batching on and off (two configs differing only in ``dynamic_batching``) and the floor,
+  HTTP with binary tensors. Targets: ``digits_cnn`` c32 batched ≥ 2× unbatched and ≥ 1.5× floor.
+- ``peers``: ``digits`` behind the floor, Naiad, MLServer 1.7 (adaptive batching off and on; the
+  better one counts) and KServe 0.21, JSON over HTTP (the encoding all of them speak). Targets:
+  c32 throughput ≥ 2× MLServer's best and ≥ 0.5× the floor's; c1 p50 ≤ MLServer's best p50.
+  Needs ``make bench-setup``.
+- ``coldstart`` / ``cache``: run ``bench/cold_start.py`` / ``bench/cache_zipf.py`` on the
+  benchmark repository's ``digits`` (arguments after ``--`` go to them) and keep their Markdown
+  under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from bench.perf import loadgen, report
+from bench.perf.models import DEFAULT_REPOSITORY, ROOT, ensure_repository, target
+from bench.perf.servers import Server, running, start_floor, start_kserve, start_mlserver, start_naiad
+
+DEFAULT_LEVELS = {"overhead": [1], "throughput": [1, 2, 4, 8, 16, 32, 64], "peers": [1, 8, 32]}
+
+
+class Run:
+    """One scenario run: its options, log folder and the series measured so far."""
+
+    def __init__(self, name: str, args: argparse.Namespace):
+        self.name, self.args = name, args
+        self.levels = args.concurrency or DEFAULT_LEVELS[name]
+        self.logs = ROOT / ".bench" / "logs" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        self.series: list[dict] = []
+
+    def measure(self, server: Server, label: str, tgt: loadgen.Target, group: str) -> dict:
+        args = self.args
+        series = loadgen.run(
+            lambda: loadgen.measure(
+                tgt,
+                concurrency=self.levels,
+                warmup_s=args.warmup,
+                duration_s=args.duration,
+                server_pids=[server.pid],
+                label=label,
+            ),
+            args.loop,
+        )
+        series.update(group=group, server={"name": server.name, "args": server.args[1:]})
+        summary = ", ".join(
+            f"c{p['concurrency']} {p['throughput_rps']:.0f}/s p50 {p['latency_ms']['p50']} ms"
+            for p in series["points"]
+        )
+        print(f"{label}: {summary}", file=sys.stderr, flush=True)
+        self.series.append(series)
+        return series
+
+    def get(self, label: str) -> dict | None:
+        return next((s for s in self.series if s["label"] == label), None)
+
+
+def point(series: dict | None, concurrency: int) -> dict | None:
+    if series is None:
+        return None
+    found = next((p for p in series["points"] if p.get("concurrency") == concurrency), None)
+    return found if found and found["requests"] else None
+
+
+def ratio(name: str, num: dict | None, den: dict | None, goal: float, key: str = "throughput_rps") -> dict:
+    """Target ``num[key] / den[key] >= goal`` (``met`` None when a point is missing)."""
+    if num is None or den is None:
+        return {"name": name, "value": None, "goal": f"≥ {goal:g}×", "met": None}
+    value = num[key] / den[key]
+    return {"name": name, "value": value, "goal": f"≥ {goal:g}×", "met": value >= goal}
+
+
+def naiad_args(run: Run) -> list[str]:
+    return list(run.args.naiad_arg)
+
+
+# -- scenarios -------------------------------------------------------------------------------
+
+
+def overhead(run: Run, repo: Path) -> dict:
+    with running(start_floor(repo, run.logs, ["tiny"])) as floor:
+        run.measure(floor, "floor http", target(floor.http_url, "tiny"), "tiny")
+    with running(start_naiad(repo, run.logs, ["tiny"], naiad_args(run))) as naiad:
+        run.measure(naiad, "naiad http", target(naiad.http_url, "tiny"), "tiny")
+        run.measure(naiad, "naiad grpc", target(naiad.grpc_url, "tiny", protocol="grpc"), "tiny")
+    notes = []
+    floor_p = point(run.get("floor http"), 1)
+    for label in ("naiad http", "naiad grpc"):
+        p = point(run.get(label), 1)
+        if p and floor_p:
+            added = p["latency_ms"]["p50"] - floor_p["latency_ms"]["p50"]
+            notes.append(
+                f"{label}: p50 {p['latency_ms']['p50']:.2f} ms = floor + {added:.2f} ms "
+                f"({p['latency_ms']['p50'] / floor_p['latency_ms']['p50']:.1f}× the floor)."
+            )
+    return {"notes": notes}
+
+
+def throughput(run: Run, repo: Path) -> dict:
+    models = ["digits", "digits_cnn"]
+    with running(start_floor(repo, run.logs, models)) as floor:
+        for model in models:
+            run.measure(floor, f"{model} floor", target(floor.http_url, model), model)
+    with running(
+        start_naiad(repo, run.logs, [*models, *(f"{m}_nobatch" for m in models)], naiad_args(run))
+    ) as n:
+        for model in models:
+            run.measure(n, f"{model} naiad batching", target(n.http_url, model), model)
+            run.measure(n, f"{model} naiad no batching", target(n.http_url, f"{model}_nobatch"), model)
+    cnn, c = "digits_cnn", 32
+    return {
+        "targets": [
+            ratio(
+                f"{cnn} c{c}: batching / no batching",
+                point(run.get(f"{cnn} naiad batching"), c),
+                point(run.get(f"{cnn} naiad no batching"), c),
+                2.0,
+            ),
+            ratio(
+                f"{cnn} c{c}: batching / floor",
+                point(run.get(f"{cnn} naiad batching"), c),
+                point(run.get(f"{cnn} floor"), c),
+                1.5,
+            ),
+            ratio(
+                f"digits c{c}: naiad batching / floor",
+                point(run.get("digits naiad batching"), c),
+                point(run.get("digits floor"), c),
+                0.5,
+            ),
+        ]
+    }
+
+
+def peers(run: Run, repo: Path) -> dict:
+    model = "digits"
+    starters: list[tuple[str, Callable[[], Server]]] = [
+        ("floor", lambda: start_floor(repo, run.logs, [model])),
+        ("naiad", lambda: start_naiad(repo, run.logs, [model], naiad_args(run))),
+        ("mlserver", lambda: start_mlserver(repo, run.logs, model, adaptive_batching=False)),
+        (
+            "mlserver adaptive batching",
+            lambda: start_mlserver(repo, run.logs, model, adaptive_batching=True, name="mlserver-batching"),
+        ),
+        ("kserve", lambda: start_kserve(repo, run.logs, model)),
+    ]
+    for label, start in starters:
+        if run.args.only and label.split()[0] not in run.args.only:
+            continue
+        with running(start()) as server:
+            run.measure(server, label, target(server.http_url, model, encoding="json"), model)
+    return peer_targets(run)
+
+
+def peer_targets(run: Run) -> dict:
+    """The issue's targets against MLServer's better configuration at each level."""
+    naiad, floor = run.get("naiad"), run.get("floor")
+    ml = [s for s in (run.get("mlserver"), run.get("mlserver adaptive batching")) if s]
+    best32 = max((point(s, 32) for s in ml if point(s, 32)), key=lambda p: p["throughput_rps"], default=None)
+    best1 = min((point(s, 1) for s in ml if point(s, 1)), key=lambda p: p["latency_ms"]["p50"], default=None)
+    targets = [
+        ratio("digits c32: naiad / MLServer best (throughput)", point(naiad, 32), best32, 2.0),
+        ratio("digits c32: naiad / floor (throughput)", point(naiad, 32), point(floor, 32), 0.5),
+    ]
+    n1 = point(naiad, 1)
+    if n1 and best1:
+        value = n1["latency_ms"]["p50"] / best1["latency_ms"]["p50"]
+        targets.append(
+            {
+                "name": "digits c1: naiad p50 / MLServer best p50",
+                "value": value,
+                "goal": "≤ 1×",
+                "met": value <= 1.0,
+            }
+        )
+    f1 = point(floor, 1)
+    if n1 and f1:
+        value = n1["latency_ms"]["p50"] / f1["latency_ms"]["p50"]
+        targets.append(
+            {
+                "name": "digits c1: naiad p50 / floor p50 (stretch)",
+                "value": value,
+                "goal": "≤ 1.5×",
+                "met": value <= 1.5,
+            }
+        )
+    return {"targets": targets}
+
+
+SCENARIOS: dict[str, Callable[[Run, Path], dict]] = {
+    "overhead": overhead,
+    "throughput": throughput,
+    "peers": peers,
+}
+SCRIPTS = {"coldstart": "cold_start.py", "cache": "cache_zipf.py"}
+
+
+def run_script(name: str, script_args: Sequence[str], out: Path, command: list[str]) -> Path:
+    """Run one of the older scenario scripts and keep its Markdown output."""
+    args = [sys.executable, str(ROOT / "bench" / SCRIPTS[name]), *script_args]
+    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise SystemExit(f"{SCRIPTS[name]} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    m = loadgen.machine()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.md"
+    path.write_text(
+        f"## {name}\n\nCommand: `{' '.join(command)}`  \nStarted "
+        f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')}; machine: nproc {m['nproc']}, CPU {m['cpu']}, "
+        f"Python {m['python']}.\n\n{done.stdout}"
+    )
+    return path
+
+
+def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("scenario", choices=[*SCENARIOS, *SCRIPTS])
+    p.add_argument("--concurrency", type=int, nargs="+", help="levels (default per scenario)")
+    p.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds before each point")
+    p.add_argument("--duration", type=float, default=10.0, help="measured seconds per point")
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    p.add_argument("--name", help="file stem (default: the scenario)")
+    p.add_argument("--repository", type=Path, default=DEFAULT_REPOSITORY)
+    p.add_argument(
+        "--naiad-arg", action="append", default=[], help="extra naiad serve flag (--naiad-arg=--x=y)"
+    )
+    p.add_argument("--only", nargs="+", help="peers: only these servers (floor naiad mlserver kserve)")
+    p.add_argument("--loop", choices=["auto", "uvloop", "asyncio"], default="auto")
+    return p.parse_args(argv), extra
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args, extra = parse_args(argv)
+    command = ["python", "-m", "bench.scenarios", *(sys.argv[1:] if argv is None else argv)]
+    if args.scenario in SCRIPTS:
+        if "--repository" not in extra:  # the bench repository's digits: no example build each time
+            extra += ["--repository", str(ensure_repository(args.repository, ["digits"]))]
+        print(run_script(args.scenario, extra, args.out, command).read_text())
+        return 0
+    repo = ensure_repository(args.repository)
+    run = Run(args.scenario, args)
+    extra_doc = SCENARIOS[args.scenario](run, repo)
+    doc = loadgen.document(
+        run.series,
+        command,
+        scenario=args.scenario,
+        warmup_s=args.warmup,
+        duration_s=args.duration,
+        **extra_doc,
+    )
+    paths = report.write(doc, args.out, args.name or args.scenario, title=args.scenario)
+    print(paths["md"].read_text())
+    return 0 if all(p["requests"] and not p["errors"] for s in run.series for p in s["points"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

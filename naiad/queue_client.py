@@ -1,0 +1,283 @@
+"""The queue protocol's client side: a remote model that looks local.
+
+Used by the gateway (:mod:`gateway.dispatcher` re-exports it) and by workers whose Python
+models call other models (BLS, :mod:`workers.backends.python`): one place for how a request
+is enqueued and its reply awaited.
+
+:meth:`QueueDispatcher.infer` appends the request to the model's Redis stream (its priority
+level's, :mod:`naiad.queue_policy`) and awaits its
+reply, which a single background reader takes off this client's reply list with BLPOP and
+hands to the waiting future by queue id (no polling). When the model has no live worker the
+scaler is woken through :data:`naiad.keys.SCALER_WAKE`; the request waits in the stream
+meanwhile, bounded by its deadline.
+
+Backpressure: the XADD is a script that first checks the stream's length (entries queued or
+being run: answered ones are deleted) against the model's maximum queue size, atomically, so
+a full queue answers :class:`Overloaded` at once and never grows past its bound (per level).
+
+Queue timeout (Triton's ``timeout_action: REJECT``): when it passes before a worker claimed
+the entry, a script deletes the unclaimed entry and the request fails with
+:class:`QueueTimeout` at once; a claimed one is judged by its worker when it forms a batch.
+``preserve_ordering``: this client releases a model's answers in the order Redis accepted
+its requests (:class:`naiad.reply_order.ReplyOrder`).
+
+Cancellation: a caller that goes away (its task cancelled: an HTTP client that disconnected,
+a cancelled gRPC call) or whose deadline passes *withdraws* its entry: ``XACK`` + ``XDEL``.
+Unclaimed, the entry is gone before any worker reads it; claimed but not yet run, it is no
+longer pending for its worker, which checks that right before running a batch
+(:meth:`workers.queue_reader.QueueReader.still_ours`) and skips it. Only a request already running is
+executed anyway; its late reply, like any reply whose caller is gone, is dropped here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+import uuid
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from naiad import keys, logs, tracing
+from naiad.codec import Reply, decode_reply, encode_request
+from naiad.errors import DeadlineExceeded, InvalidInput, Overloaded, QueueTimeout, Unavailable
+from naiad.inference import InferRequest, InferResponse
+from naiad.queue_policy import Placement
+from naiad.reply_order import ReplyOrder
+
+logger = logging.getLogger(__name__)
+
+#: Seconds one BLPOP of the reply reader blocks before it loops (to notice shutdown).
+READER_BLOCK_S = 5
+
+#: XADD unless the stream already holds ``ARGV[1]`` entries or more (0: no bound); returns the
+#: new entry's id, or nil when the queue is full. KEYS[1]: the stream; ARGV[2..]: the fields.
+BOUNDED_XADD = """
+local limit = tonumber(ARGV[1])
+if limit > 0 and redis.call('XLEN', KEYS[1]) >= limit then
+  return false
+end
+return redis.call('XADD', KEYS[1], '*', unpack(ARGV, 2))
+"""
+#: Delete entry ARGV[2] of stream KEYS[1] unless a consumer of group ARGV[1] has claimed it
+#: (it is in the group's pending entries; no group yet: nobody has); 1 when deleted, 0 when
+#: claimed or already gone (answered: its reply is on its way).
+REJECT_UNCLAIMED = """
+local pending = redis.pcall('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
+if type(pending) == 'table' and pending.err == nil and #pending > 0 then
+  return 0
+end
+return redis.call('XDEL', KEYS[1], ARGV[2])
+"""
+#: Seconds a withdrawal (XACK + XDEL of a cancelled request's entry) may take.
+WITHDRAW_TIMEOUT_S = 2.0
+
+
+class QueueDispatcher:
+    """Sends requests through Redis and matches replies to waiting callers.
+
+    ``redis`` sends commands; ``reader`` (a client whose socket timeout exceeds
+    :data:`READER_BLOCK_S`, see :func:`naiad.redis_client.connect`) blocks on replies.
+    """
+
+    def __init__(
+        self, redis: aioredis.Redis, reader: aioredis.Redis, gateway_id: str | None = None
+    ):
+        self.redis = redis
+        self.reader = reader
+        self.gateway_id = gateway_id or uuid.uuid4().hex
+        self.reply_key = keys.reply_list(self.gateway_id)
+        self._pending: dict[str, asyncio.Future[Reply]] = {}
+        self._reader: asyncio.Task[None] | None = None
+        self._closing = False
+        self._xadd = redis.register_script(BOUNDED_XADD)
+        self._reject = redis.register_script(REJECT_UNCLAIMED)
+        self._order = ReplyOrder()
+        self._withdrawals: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        self._reader = asyncio.create_task(self._read_replies(), name="reply-reader")
+
+    async def stop(self) -> None:
+        """Stop the reply reader and cancel every waiting caller.
+
+        redis-py may turn the reader's cancellation into a ConnectionError, which the
+        reader's retry loop would swallow; ``_closing`` makes that loop end instead.
+        """
+        self._closing = True
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, RedisError):
+                await self._reader
+        for future in self._pending.values():
+            future.cancel()
+        if self._withdrawals:
+            await asyncio.wait(list(self._withdrawals), timeout=WITHDRAW_TIMEOUT_S)
+
+    async def infer(
+        self, request: InferRequest, timeout_s: float, max_queue: int = 0, placement: Placement | None = None
+    ) -> InferResponse:
+        """Queue ``request`` and wait at most ``timeout_s`` seconds for its answer.
+
+        ``placement`` (:func:`naiad.queue_policy.place`): its priority level's stream and
+        bound, its queue timeout and the model's ``preserve_ordering``; without one, the
+        model's plain stream bounded by ``max_queue`` (0: no bound). Raises
+        :class:`Overloaded` when the queue is full, :class:`QueueTimeout` when it waited
+        unclaimed past a REJECT queue timeout, :class:`DeadlineExceeded` on timeout,
+        :class:`Unavailable` when Redis cannot be reached, or the error the worker sent back.
+        A timed-out or cancelled request withdraws its entry (see the module doc).
+        """
+        placement = placement or Placement(0, keys.request_stream(request.model), max_queue, 0.0, True, False)
+        queue_id = uuid.uuid4().hex
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Reply] = loop.create_future()
+        self._pending[queue_id] = future
+        slot = self._order.open(placement.stream) if placement.ordered else None
+        # shielded: a caller cancelled mid-XADD still learns the entry id, to withdraw it
+        enqueue = asyncio.ensure_future(self._enqueue(queue_id, request, timeout_s, placement))
+        try:
+            entry_id = await asyncio.shield(enqueue)
+            entry_at = loop.time()
+            deadline = entry_at + timeout_s
+            if slot is not None:
+                self._order.place(slot, entry_id)
+            reply = await self._await_reply(future, placement, entry_id, entry_at, deadline)
+            if slot is not None:
+                await asyncio.wait_for(self._order.turn(placement.stream, slot), deadline - loop.time())
+        except TimeoutError:
+            self._withdraw(placement.stream, entry_id)
+            raise DeadlineExceeded(
+                f"request to model '{request.model}' timed out after {timeout_s:g} s"
+            ) from None
+        except asyncio.CancelledError:
+            enqueue.add_done_callback(functools.partial(self._withdraw_queued, placement.stream))
+            raise
+        finally:
+            self._pending.pop(queue_id, None)
+            if slot is not None:
+                self._order.close(placement.stream, slot)
+        if reply.error is not None:
+            raise reply.error
+        return InferResponse(request.model, request.version, reply.outputs, request.id)
+
+    async def _await_reply(
+        self, future: asyncio.Future[Reply], placement: Placement, entry_id: bytes, entry_at: float,
+        deadline: float,
+    ) -> Reply:  # fmt: skip
+        """The reply by ``deadline`` (loop time, as ``entry_at``, when the entry was added;
+        TimeoutError after it). Under a REJECT queue timeout that ends no later, an entry
+        still unclaimed when it passes is deleted and the request refused
+        (:class:`QueueTimeout`); a claimed one is the worker's to judge."""
+        loop = asyncio.get_running_loop()
+        reject_at = entry_at + placement.timeout_s
+        if placement.reject and placement.timeout_s and reject_at <= deadline:
+            await asyncio.wait([future], timeout=max(reject_at - loop.time(), 0))
+            if not future.done() and await self._reject_unclaimed(placement.stream, entry_id):
+                raise QueueTimeout("Request timeout expired")
+        return await asyncio.wait_for(future, deadline - loop.time())
+
+    async def _reject_unclaimed(self, stream: str, entry_id: bytes) -> bool:
+        """Delete ``entry_id`` if no worker has claimed it (:data:`REJECT_UNCLAIMED`)."""
+        try:
+            return bool(await self._reject(keys=[stream], args=[keys.WORKER_GROUP, entry_id]))
+        except RedisError as exc:
+            logger.warning("queue timeout of an entry of %s not applied: %s", stream, exc)
+            return False
+
+    async def _enqueue(
+        self, queue_id: str, request: InferRequest, timeout_s: float, placement: Placement
+    ) -> bytes:
+        with tracing.span("naiad.enqueue", kind="producer"):
+            now = time.time()
+            fields = encode_request(
+                queue_id, request, self.reply_key, now + timeout_s, now,
+                traceparent=tracing.traceparent(), log_id=logs.REQUEST_ID.get(),
+            )
+            return await self._send(request, fields, now, placement)
+
+    async def _send(
+        self, request: InferRequest, fields: dict[bytes, bytes], now: float, placement: Placement
+    ) -> bytes:
+        """The bounded XADD and the live-worker count in one round trip; the new entry's id."""
+        stream, max_queue = placement.stream, placement.max_queue
+        args: list[bytes | int] = [max_queue]
+        for name, value in fields.items():
+            args += [name, value]
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                await self._xadd(keys=[stream], args=args, client=pipe)
+                pipe.zcount(keys.workers(request.model), now, "+inf")
+                entry_id, live = await pipe.execute()
+            if entry_id is None:
+                level = f" at priority level {placement.level}" if placement.level else ""
+                raise Overloaded(f"Exceeds maximum queue size: the queue of model '{request.model}'"
+                                 f"{level} is full ({max_queue} requests)")  # fmt: skip
+            if live == 0:
+                await self._wake(request.model)
+        except RedisError as exc:
+            raise Unavailable(f"queue unavailable: {exc}") from None
+        return entry_id
+
+    def _withdraw_queued(self, stream: str, enqueue: asyncio.Future[bytes]) -> None:
+        """Done callback of a cancelled caller's enqueue: withdraw the entry if one was added."""
+        if not enqueue.cancelled() and enqueue.exception() is None:
+            self._withdraw(stream, enqueue.result())
+
+    def _withdraw(self, stream: str, entry_id: bytes | None) -> None:
+        """XACK + XDEL ``entry_id`` in the background (the caller is being cancelled, and a
+        second cancellation must not interrupt it); errors are logged, never raised."""
+        if entry_id is None:
+            return
+        task = asyncio.create_task(self._withdraw_entry(stream, entry_id))
+        self._withdrawals.add(task)
+        task.add_done_callback(self._withdrawals.discard)
+
+    async def _withdraw_entry(self, stream: str, entry_id: bytes) -> None:
+        try:
+            async with asyncio.timeout(WITHDRAW_TIMEOUT_S):
+                async with self.redis.pipeline(transaction=True) as pipe:
+                    pipe.xack(stream, keys.WORKER_GROUP, entry_id)
+                    pipe.xdel(stream, entry_id)  # runs even when XACK finds no group
+                    _, deleted = await pipe.execute(raise_on_error=False)
+        except (RedisError, TimeoutError) as exc:
+            logger.warning("could not withdraw a cancelled request from %s: %s", stream, exc)
+            return
+        if deleted:
+            logger.debug("withdrew entry %s from %s", entry_id, stream)
+
+    async def _wake(self, model: str) -> None:
+        """Ask the scaler for a worker. The list is capped (LTRIM): under KEDA no local
+        scaler pops it, and one wake per model is all a scaler needs anyway."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.rpush(keys.SCALER_WAKE, model)
+            pipe.ltrim(keys.SCALER_WAKE, -keys.SCALER_WAKE_MAX, -1)
+            await pipe.execute()
+
+    async def _read_replies(self) -> None:
+        backoff = 0.1
+        while not self._closing:
+            try:
+                item = await self.reader.blpop([self.reply_key], timeout=READER_BLOCK_S)
+                backoff = 0.1
+            except RedisError as exc:
+                if self._closing:
+                    return
+                logger.warning("reply reader: %s; retrying in %.1f s", exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+                continue
+            if item is not None:
+                self._deliver(item[1])
+
+    def _deliver(self, payload: bytes) -> None:
+        try:
+            reply = decode_reply(payload)
+        except InvalidInput:
+            logger.exception("dropping a malformed reply")
+            return
+        future = self._pending.get(reply.queue_id)
+        if future is not None and not future.done():
+            future.set_result(reply)

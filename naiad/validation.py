@@ -1,0 +1,97 @@
+"""Check an inference request against its model's configuration before it is queued.
+
+Rules follow Triton's model configuration docs ("Inputs and Outputs", "Maximum Batch Size",
+"Reshape"): with ``max_batch_size`` > 0 every input carries an implicit leading batch
+dimension of 1..max_batch_size, the same for all inputs; ``-1`` in ``dims`` matches any size;
+``TYPE_STRING`` is ``BYTES`` on the wire; inputs marked ``optional`` may be left out.
+
+Shared by the gateway (every client request) and workers (BLS requests from Python models,
+which Triton validates the same way); :mod:`gateway.validation` re-exports it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from naiad.datatypes import config_to_datatype
+from naiad.errors import InvalidInput
+from naiad.inference import InferRequest, Tensor
+
+
+def wire_datatype(data_type: int) -> str:
+    """The v2 datatype of a config ``DataType`` enum value (``TYPE_FP32`` -> ``FP32``)."""
+    return config_to_datatype(mc.DataType.Name(data_type))
+
+
+def client_shape(config: mc.ModelConfig, dims: list[int]) -> list[int]:
+    """The shape a client sees for ``dims``: with the batch dimension (``-1``) when batching."""
+    return ([-1] if config.max_batch_size > 0 else []) + list(dims)
+
+
+def _check_dims(tensor: Tensor, expected: list[int]) -> None:
+    ok = len(tensor.shape) == len(expected) and all(
+        want == -1 or want == got for want, got in zip(expected, tensor.shape, strict=True)
+    )
+    if not ok:
+        raise InvalidInput(
+            f"unexpected shape for input '{tensor.name}', model expects {expected}, "
+            f"got {tensor.shape}"
+        )
+
+
+def _batch_size(config: mc.ModelConfig, tensor: Tensor) -> int | None:
+    if config.max_batch_size <= 0:
+        return None
+    if not tensor.shape:
+        raise InvalidInput(f"input '{tensor.name}' lacks the batch dimension")
+    batch = tensor.shape[0]
+    if not 1 <= batch <= config.max_batch_size:
+        raise InvalidInput(
+            f"batch size {batch} of input '{tensor.name}' is outside 1..{config.max_batch_size}"
+        )
+    return batch
+
+
+def _check_input(config: mc.ModelConfig, spec: mc.ModelInput, tensor: Tensor) -> int | None:
+    want = wire_datatype(spec.data_type)
+    if tensor.datatype != want:
+        raise InvalidInput(
+            f"input '{tensor.name}' has datatype {tensor.datatype}, model expects {want}"
+        )
+    batch = _batch_size(config, tensor)
+    _check_dims(tensor, client_shape(config, list(spec.dims)))
+    return batch
+
+
+def _unique_known(kind: str, names: list[str], known: Collection[str], model: str) -> set[str]:
+    """``names`` as a set; InvalidInput for a name not in ``known`` or given twice."""
+    seen: set[str] = set()
+    for name in names:
+        if name not in known:
+            raise InvalidInput(f"unexpected inference {kind} '{name}' for model '{model}'")
+        if name in seen:
+            raise InvalidInput(f"{kind} '{name}' is given more than once")
+        seen.add(name)
+    return seen
+
+
+def validate_request(config: mc.ModelConfig, request: InferRequest) -> None:
+    """Raise :class:`InvalidInput` unless ``request`` fits ``config``.
+
+    Checks input names (unknown, duplicate, missing non-optional), datatypes, shapes with the
+    implicit batch dimension, one batch size across inputs, and requested output names
+    (unknown, duplicate).
+    Element counts against shapes are checked when the tensors are decoded.
+    """
+    specs = {spec.name: spec for spec in config.input}
+    seen = _unique_known("input", [t.name for t in request.inputs], specs, config.name)
+    batches = {_check_input(config, specs[t.name], t) for t in request.inputs} - {None}
+    missing = [name for name, spec in specs.items() if name not in seen and not spec.optional]
+    if missing:
+        raise InvalidInput(f"expected inputs {sorted(missing)} for model '{config.name}'")
+    if len(batches) > 1:
+        raise InvalidInput(f"inputs disagree on the batch size: {sorted(batches)}")
+    outputs = {spec.name for spec in config.output}
+    _unique_known("output", [o.name for o in request.outputs], outputs, config.name)

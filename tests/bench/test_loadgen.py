@@ -1,0 +1,132 @@
+"""The load generator against a real floor server (ONNX Runtime in-process), and the report step.
+
+The floor serves the benchmark's ``tiny`` model (an Identity node) built into a temp folder;
+every run is about a second.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from bench.perf import loadgen, report
+from bench.perf.models import build_tiny
+from bench.perf.servers import Server, start_floor
+
+
+@pytest.fixture(scope="module")
+def floor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    repo = tmp_path_factory.mktemp("repo")
+    build_tiny(repo)
+    server = start_floor(repo, tmp_path_factory.mktemp("logs"), ["tiny"])
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def tiny_target(url: str, encoding: str = "binary", model: str = "tiny") -> loadgen.Target:
+    data = np.arange(16, dtype=np.float32).reshape(1, 16)
+    return loadgen.Target(
+        url, model, (loadgen.Tensor("input", "FP32", data),), encoding=encoding, outputs=("output",)
+    )
+
+
+def check_point(point: dict, duration_s: float) -> None:
+    lat = point["latency_ms"]
+    assert point["requests"] > 0 and point["errors"] == 0, point
+    assert 0 < lat["p50"] <= lat["p90"] <= lat["p95"] <= lat["p99"] <= lat["max"], lat
+    assert point["throughput_rps"] == pytest.approx(point["requests"] / duration_s, rel=0.01)
+    # Each completed request took its latency inside the window; a closed loop of c users can
+    # not complete more than c * window / mean latency of them.
+    assert point["requests"] <= point.get("concurrency", 10**9) * duration_s * 1000 / lat["avg"] * 1.05
+    assert point["client_cpu"] > 0
+
+
+def test_floor_answers_like_triton(floor: Server) -> None:
+    """The floor is a real v2 server: tritonclient's binary request, the identity comes back."""
+    client = httpclient.InferenceServerClient(floor.http_url)
+    x = np.random.default_rng(0).random((3, 16)).astype(np.float32)
+    tensor = httpclient.InferInput("input", [3, 16], "FP32")
+    tensor.set_data_from_numpy(x)
+    result = client.infer("tiny", [tensor], outputs=[httpclient.InferRequestedOutput("output")])
+    np.testing.assert_array_equal(result.as_numpy("output"), x)
+    client.close()
+
+
+@pytest.mark.parametrize("encoding", ["binary", "json"])
+def test_concurrency_sweep(floor: Server, encoding: str) -> None:
+    series = loadgen.run(
+        lambda: loadgen.measure(
+            tiny_target(floor.http_url, encoding),
+            concurrency=[1, 4],
+            warmup_s=0.1,
+            duration_s=0.4,
+            server_pids=[floor.pid],
+        )
+    )
+    assert [p["concurrency"] for p in series["points"]] == [1, 4]
+    for point in series["points"]:
+        check_point(point, 0.4)
+        assert point["server_cpu"] > 0  # the floor's own process did the work
+    json.dumps(series)  # plain JSON, nothing numpy left
+
+
+def test_cli_rate_mode_and_report(floor: Server, tmp_path: Path) -> None:
+    """``python -m bench.perf.loadgen`` (metadata fetched, open loop) → JSON → Markdown + PNG."""
+    out = tmp_path / "run.json"
+    code = loadgen.main(
+        [
+            "-m",
+            "tiny",
+            "-u",
+            floor.http_url,
+            "--request-rate",
+            "200",
+            "--request-distribution",
+            "constant",
+            "--warmup",
+            "0.1",
+            "--duration",
+            "0.5",
+            "-f",
+            str(out),
+        ]
+    )
+    assert code == 0
+    doc = json.loads(out.read_text())
+    (point,) = doc["series"][0]["points"]
+    check_point(point, 0.5)
+    assert point["mode"] == "rate" and point["dropped"] == 0
+    assert 90 <= point["requests"] <= 110  # 200/s for 0.5 s, constant arrivals
+    assert doc["series"][0]["target"]["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [1, 16]}]
+
+    paths = report.write(doc, tmp_path / "report", "run")
+    text = paths["md"].read_text()
+    assert f"| tiny http | 200/s | {point['throughput_rps']:.0f} |" in text
+    assert f"| {point['latency_ms']['p50']:.2f} |" in text
+    png = paths["png"].read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 5000
+    assert json.loads(paths["json"].read_text()) == doc
+
+
+def test_probe_reports_a_failing_model(floor: Server) -> None:
+    with pytest.raises(loadgen.RequestError, match="HTTP 404"):
+        loadgen.run(
+            lambda: loadgen.measure(tiny_target(floor.http_url, model="missing"), probe_timeout_s=0.3)
+        )
+
+
+def test_chunked_bodies_split_anywhere() -> None:
+    """The raw client's chunked decoder: incomplete input waits, complete input is consumed."""
+    wire = b"5\r\nhello\r\n6;ext=1\r\n world\r\n0\r\n\r\nNEXT"
+    for cut in range(len(wire) - 4):
+        assert loadgen._take_chunked(bytearray(wire[:cut])) is None
+    buf = bytearray(wire)
+    assert loadgen._take_chunked(buf) == b"hello world"
+    assert buf == b"NEXT"

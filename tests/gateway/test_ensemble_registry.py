@@ -1,0 +1,93 @@
+"""An ensemble's readiness follows its composing models in the registry (real Redis, local
+repository): a composing model removed, unloaded or back changes the ensemble's state on the
+next sync; in explicit mode, loading an ensemble loads its composing models too (Triton)."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+from gateway.registry import ModelRegistry
+from naiad.redis_client import connect
+from repository_store import open_store
+
+MODEL = """
+name: "simple" platform: "onnxruntime_onnx" max_batch_size: 8
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]
+"""
+ENSEMBLE = """
+name: "ens" platform: "ensemble" max_batch_size: 8
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling { step [ { model_name: "simple" model_version: -1
+  input_map { key: "x" value: "x" } output_map { key: "y" value: "y" } } ] }
+"""
+
+
+def write_repository(root: Path) -> Path:
+    (root / "simple" / "1").mkdir(parents=True)
+    (root / "simple" / "config.pbtxt").write_text(MODEL)
+    (root / "simple" / "1" / "model.onnx").write_bytes(b"not loaded by the index")
+    (root / "ens" / "1").mkdir(parents=True)
+    (root / "ens" / "config.pbtxt").write_text(ENSEMBLE)
+    return root
+
+
+def run(redis_url: str, scenario) -> None:
+    async def main() -> None:
+        redis = connect(redis_url)
+        try:
+            await scenario(redis)
+        finally:
+            await redis.aclose()
+
+    asyncio.run(main())
+
+
+def test_ensemble_state_follows_its_composing_model(redis_url: str, tmp_path: Path) -> None:
+    root = write_repository(tmp_path / "models")
+
+    async def scenario(redis) -> None:
+        registry = ModelRegistry(redis, open_store(str(root)))
+        other = ModelRegistry(redis, open_store(str(root)))  # a second gateway
+        await registry.start("poll", [])
+        assert (await registry.get("ens")).ready
+        shutil.move(root / "simple", tmp_path / "aside")
+        assert await registry.poll()
+        gone = await registry.get("ens")
+        assert (gone.state, gone.reason) == (
+            "UNAVAILABLE",
+            "ensemble 'ens' contains models that are not in the repository: simple",
+        )
+        await other.sync()
+        assert (await other.get("ens")).reason == gone.reason  # every gateway derives the same
+        shutil.move(tmp_path / "aside", root / "simple")
+        assert await registry.poll()
+        assert (await registry.get("ens")).ready
+
+    run(redis_url, scenario)
+
+
+def test_explicit_mode_loads_composing_models_with_the_ensemble(redis_url: str, tmp_path: Path) -> None:
+    root = write_repository(tmp_path / "models")
+
+    async def scenario(redis) -> None:
+        registry = ModelRegistry(redis, open_store(str(root)))
+        await registry.start("explicit", ["ens"])
+        assert (await registry.get("simple")).ready and (await registry.get("ens")).ready
+        await registry.unload("simple")
+        unloaded = await registry.get("ens")
+        assert unloaded.reason == "ensemble 'ens' depends on 'simple' which is not ready: unloaded"
+        loaded = await registry.load("ens")
+        assert loaded.ready and (await registry.get("simple")).ready
+        (root / "simple" / "1" / "model.onnx").unlink()
+        await registry.unload("simple")
+        refused = await registry.load("ens")
+        assert not refused.ready
+        assert refused.reason == (
+            "ensemble 'ens' depends on 'simple' which is not ready: version 1 has no 'model.onnx'"
+        )
+
+    run(redis_url, scenario)

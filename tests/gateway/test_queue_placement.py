@@ -1,0 +1,132 @@
+"""The queue client's side of Triton's queue policies against a real Redis, the test playing
+the worker: a REJECT queue timeout refuses an unclaimed request at once and leaves a claimed
+one to its worker, each priority level has its own bound, and ``preserve_ordering`` releases
+answers in the order the requests entered the queue."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from naiad import keys
+from naiad.codec import Reply, decode_request, encode_reply
+from naiad.errors import Overloaded, QueueTimeout
+from naiad.inference import InferRequest, Tensor
+from naiad.queue_client import QueueDispatcher
+from naiad.queue_policy import Placement
+from naiad.redis_client import connect
+
+MODEL = "m"
+HIGH, LOW = keys.request_stream(MODEL, 1), keys.request_stream(MODEL, 2)
+
+
+def request(value: float) -> InferRequest:
+    return InferRequest(MODEL, 1, [Tensor("x", "FP32", [1, 1], np.array([[value]], np.float32))])
+
+
+def placement(stream: str = HIGH, max_queue: int = 0, timeout_s: float = 0.0, reject: bool = True,
+              ordered: bool = False) -> Placement:  # fmt: skip
+    return Placement(1 if stream == HIGH else 2, stream, max_queue, timeout_s, reject, ordered)
+
+
+def run(redis_url: str, scenario) -> None:
+    async def main() -> None:
+        redis, reader = connect(redis_url), connect(redis_url, longest_block_s=5)
+        dispatcher = QueueDispatcher(redis, reader)
+        await dispatcher.start()
+        for stream in (HIGH, LOW):
+            await redis.xgroup_create(stream, keys.WORKER_GROUP, id="0", mkstream=True)
+        try:
+            await scenario(dispatcher, redis)
+        finally:
+            await dispatcher.stop()
+            await reader.aclose()
+            await redis.aclose()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+async def claim(redis, stream: str = HIGH, count: int = 10) -> list:
+    got = await redis.xreadgroup(keys.WORKER_GROUP, "w", {stream: ">"}, count=count, block=2000)
+    return [decode_request(MODEL, fields, entry_id) for _, entries in got for entry_id, fields in entries]
+
+
+async def answer(redis, queued) -> None:
+    value = float(queued.request.inputs[0].data[0, 0])
+    reply = Reply(queued.queue_id, [Tensor("y", "FP32", [1, 1], np.array([[value]], np.float32))])
+    await redis.rpush(queued.reply_to, encode_reply(reply))
+
+
+def test_a_reject_timeout_refuses_an_unclaimed_request_at_once(redis_url: str) -> None:
+    async def scenario(dispatcher: QueueDispatcher, redis) -> None:
+        started = time.monotonic()
+        with pytest.raises(QueueTimeout, match="Request timeout expired"):
+            await dispatcher.infer(request(1), 10, placement=placement(timeout_s=0.2))
+        assert 0.2 <= time.monotonic() - started < 2
+        assert await redis.xlen(HIGH) == 0  # no worker will ever see it
+
+    run(redis_url, scenario)
+
+
+def test_a_claimed_request_is_left_to_its_worker(redis_url: str) -> None:
+    async def scenario(dispatcher: QueueDispatcher, redis) -> None:
+        waiting = asyncio.create_task(dispatcher.infer(request(2), 10, placement=placement(timeout_s=0.2)))
+        (queued,) = await claim(redis)
+        await asyncio.sleep(0.4)  # past the queue timeout, but a worker holds it
+        assert not waiting.done()
+        await answer(redis, queued)
+        assert (await waiting).outputs[0].data.tolist() == [[2.0]]
+        # DELAY never refuses, claimed or not
+        delayed = asyncio.create_task(
+            dispatcher.infer(request(3), 10, placement=placement(timeout_s=0.1, reject=False))
+        )
+        await asyncio.sleep(0.3)
+        assert not delayed.done()
+        (queued,) = await claim(redis)
+        await answer(redis, queued)
+        assert (await delayed).outputs[0].data.tolist() == [[3.0]]
+
+    run(redis_url, scenario)
+
+
+def test_each_priority_level_has_its_own_bound(redis_url: str) -> None:
+    async def scenario(dispatcher: QueueDispatcher, redis) -> None:
+        queued = asyncio.create_task(dispatcher.infer(request(1), 10, placement=placement(LOW, max_queue=1)))
+        await asyncio.sleep(0.1)
+        with pytest.raises(Overloaded, match="Exceeds maximum queue size.* priority level 2"):
+            await dispatcher.infer(request(2), 10, placement=placement(LOW, max_queue=1))
+        high = asyncio.create_task(dispatcher.infer(request(3), 10, placement=placement(HIGH, max_queue=1)))
+        (first,) = await claim(redis, HIGH)
+        await answer(redis, first)
+        assert (await high).outputs[0].data.tolist() == [[3.0]]
+        (second,) = await claim(redis, LOW)
+        await answer(redis, second)
+        await queued
+
+    run(redis_url, scenario)
+
+
+def test_preserve_ordering_releases_answers_in_queue_order(redis_url: str) -> None:
+    async def scenario(dispatcher: QueueDispatcher, redis) -> None:
+        done: list[float] = []
+
+        async def send(value: float) -> None:
+            response = await dispatcher.infer(request(value), 10, placement=placement(ordered=True))
+            done.append(response.outputs[0].data[0, 0])
+
+        tasks = []
+        for value in (1, 2, 3):
+            tasks.append(asyncio.create_task(send(value)))
+            await asyncio.sleep(0.05)  # enqueued in this order
+        claimed = await claim(redis)
+        assert [q.request.inputs[0].data[0, 0] for q in claimed] == [1, 2, 3]
+        for queued in reversed(claimed):  # two workers finish out of order
+            await answer(redis, queued)
+            await asyncio.sleep(0.05)
+        await asyncio.gather(*tasks)
+        assert done == [1, 2, 3]
+
+    run(redis_url, scenario)

@@ -1,0 +1,175 @@
+"""The Python backend without a server: real ``model.py`` files in a temporary repository,
+loaded by :mod:`workers.backends.python` and run through ``execute_requests``."""
+
+from __future__ import annotations
+
+import textwrap
+from http import HTTPStatus
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import triton_python_backend_utils as pb_utils
+from naiad.errors import InferenceFailed, ModelNotReady, NaiadError
+from naiad.inference import InferRequest, RequestedOutput, Tensor
+from repository_store import LocalStore, index_repository, parse_config
+from workers.backends import load_backend
+
+CONFIG = """
+backend: "python"
+max_batch_size: 4
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] {reshape} } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "Z" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+
+
+def write_model(root: Path, name: str, source: str, config: str = CONFIG, filename: str = "model.py") -> Path:
+    (root / name / "1").mkdir(parents=True)
+    (root / name / "config.pbtxt").write_text(config.replace("{reshape}", ""))
+    (root / name / "1" / filename).write_text(textwrap.dedent(source))
+    return root / name
+
+
+def load(folder: Path, config_text: str | None = None):
+    text = config_text if config_text is not None else (folder / "config.pbtxt").read_text()
+    return load_backend(folder / "1", parse_config(text, folder.name), "cpu")
+
+
+def request(value: float, outputs: tuple[str, ...] = (), rows: int = 1) -> InferRequest:
+    x = np.full((rows, 4), value, dtype=np.float32)
+    return InferRequest("m", 1, [Tensor("X", "FP32", [rows, 4], x)], [RequestedOutput(n) for n in outputs])
+
+
+ECHO = """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            out = []
+            for r in requests:
+                x = pb_utils.get_input_tensor_by_name(r, "X").as_numpy()
+                code = int(x.flat[0])
+                if code < 0:
+                    out.append(pb_utils.InferenceResponse(error=pb_utils.TritonError("no", -code - 1)))
+                    continue
+                ndim = np.array([[x.ndim]] * len(x), np.int32)
+                tensors = [pb_utils.Tensor("Y", x + 1), pb_utils.Tensor("Z", ndim)]
+                out.append(pb_utils.InferenceResponse(tensors))
+            return out
+"""
+
+
+@pytest.mark.parametrize(
+    ("code", "status"),
+    [("UNKNOWN", 400), ("INTERNAL", 500), ("NOT_FOUND", 404), ("INVALID_ARG", 400), ("UNAVAILABLE", 503),
+     ("UNSUPPORTED", 501), ("ALREADY_EXISTS", 400), ("CANCELLED", 400)],
+)  # fmt: skip
+def test_a_response_error_fails_its_request_with_tritons_status(tmp_path, code, status):
+    backend = load(write_model(tmp_path, "m", ECHO))
+    number = getattr(pb_utils.TritonError, code)
+    good, bad = backend.execute_requests([request(1.0), request(-number - 1)])
+    assert isinstance(bad, NaiadError) and bad.status == HTTPStatus(status) and bad.message == "no"
+    assert [t.name for t in good] == ["Y", "Z"]
+    np.testing.assert_array_equal(good[0].data, np.full((1, 4), 2.0, np.float32))
+
+
+def test_only_requested_outputs_go_back(tmp_path):
+    backend = load(write_model(tmp_path, "m", ECHO))
+    (only_z,) = backend.execute_requests([request(1.0, outputs=("Z",))])
+    assert [t.name for t in only_z] == ["Z"] and only_z[0].datatype == "INT32"
+
+
+def test_input_reshape_is_applied(tmp_path):
+    folder = write_model(tmp_path, "m", ECHO)
+    reshaped = CONFIG.replace("{reshape}", "reshape: { shape: [ 2, 2 ] }")
+    (outputs,) = load(folder, reshaped).execute_requests([request(3.0, rows=2)])
+    assert outputs[1].data.tolist() == [[3], [3]]  # the model saw [batch, 2, 2]
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("return []", "must return a list of 2 pb_utils.InferenceResponse, got 0"),
+        ("return None", "must return a list of 2 pb_utils.InferenceResponse, got NoneType"),
+        ("return [1, 2]", "returned int where a pb_utils.InferenceResponse belongs"),
+        ("raise KeyError('gone')", "message: KeyError: 'gone'"),
+    ],
+)
+def test_a_bad_execute_fails_the_whole_batch(tmp_path, body, message):
+    source = f"""
+        class TritonPythonModel:
+            def execute(self, requests):
+                {body}
+    """
+    backend = load(write_model(tmp_path, "m", source))
+    with pytest.raises(InferenceFailed, match=message.replace("(", r"\(").replace(")", r"\)")):
+        backend.execute_requests([request(1.0), request(2.0)])
+
+
+def test_async_execute_and_finalize_once(tmp_path):
+    marker = tmp_path / "finalized"
+    source = f"""
+        import asyncio
+        import triton_python_backend_utils as pb_utils
+
+        class TritonPythonModel:
+            async def execute(self, requests):
+                await asyncio.sleep(0)
+                return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", r.inputs()[0].as_numpy() * 2)])
+                        for r in requests]
+
+            def finalize(self):
+                with open({str(marker)!r}, "a") as out:
+                    out.write("done\\n")
+    """
+    backend = load(write_model(tmp_path, "m", source))
+    (outputs,) = backend.execute_requests([request(2.0)])
+    np.testing.assert_array_equal(outputs[0].data, np.full((1, 4), 4.0, np.float32))
+    backend.close()
+    backend.close()
+    assert marker.read_text() == "done\n"
+
+
+def test_default_model_filename_is_honoured(tmp_path):
+    config = CONFIG + 'default_model_filename: "entry.py"\n'
+    folder = write_model(tmp_path, "m", ECHO, config=config, filename="entry.py")
+    (outputs,) = load(folder).execute_requests([request(1.0)])
+    assert [t.name for t in outputs] == ["Y", "Z"]
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("import not_a_module_anywhere\n", "importing 'model.py' raised ModuleNotFoundError"),
+        ("class Other:\n    pass\n", "defines no class TritonPythonModel"),
+        ("class TritonPythonModel:\n    pass\n", "has no 'execute' method"),
+        ("class TritonPythonModel:\n    def initialize(self, args):\n        raise ValueError('bad')\n"
+         "    def execute(self, requests):\n        return []\n", "initialize() raised ValueError: bad"),
+    ],
+    ids=["import-error", "no-class", "no-execute", "initialize-raises"],
+)  # fmt: skip
+def test_a_model_that_cannot_load(tmp_path, source, message):
+    with pytest.raises(ModelNotReady, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load(write_model(tmp_path, "m", source))
+
+
+def test_auto_complete_config_failure_makes_the_model_unavailable(tmp_path):
+    source = """
+        class TritonPythonModel:
+            @staticmethod
+            def auto_complete_config(config):
+                config.add_input({"name": "X", "data_type": "TYPE_INT8", "dims": [4]})
+                return config
+
+            def execute(self, requests):
+                return []
+    """
+    write_model(tmp_path, "m", source)
+    entry = index_repository(LocalStore(tmp_path))["m"]
+    assert entry.state == "UNAVAILABLE"
+    assert entry.reason == (
+        "auto_complete_config of model 'm' failed: ValueError: unable to load model 'm', "
+        "configuration expects datatype TYPE_FP32 for input 'X', model provides TYPE_INT8"
+    )

@@ -1,0 +1,315 @@
+"""Triton's Python backend (``backend: "python"``): a ``model.py`` with ``TritonPythonModel``.
+
+The contract is Triton's (python_backend README, "Usage"): the version folder holds
+``model.py`` (or the config's ``default_model_filename``) defining ``class TritonPythonModel``
+with ``execute(requests)`` and optionally ``initialize(args)`` and ``finalize()``; the model
+imports :mod:`triton_python_backend_utils`. Here:
+
+- **Load**: the file is imported under a unique module name with its version folder on
+  ``sys.path`` (as Triton's stub does, so sibling modules import), then ``initialize(args)``
+  runs with Triton's ``args``, every value a string: ``model_config`` (the config as
+  Triton's JSON, :func:`repository_store.config_to_triton_json`), ``model_instance_kind``
+  (``CPU``/``GPU``), ``model_instance_name`` (``<group>_<index>``, the group defaulting to
+  ``<model>_0``), ``model_instance_device_id``, ``model_repository`` (the model's folder, here
+  in the worker's download cache), ``model_version`` and ``model_name``.
+- **Execute**: :meth:`PythonBackend.execute_requests` hands the model the *list* of requests
+  of one dynamic batch (no merging) and gets one response per request. A response with an
+  ``error`` fails that request only, its status from the error's code (Triton's HTTP server:
+  INTERNAL 500, NOT_FOUND 404, UNAVAILABLE 503, UNSUPPORTED 501, the others 400). An
+  exception, or a result that is not one response per request, fails the whole batch (500).
+  ``async def execute`` runs on the backend's own event loop, where ``async_exec`` BLS calls
+  are awaited (:mod:`workers.bls`).
+- **Outputs**: only the requested ones go back (all of the config's when the client asked for
+  none, as Triton's core fills them in); their datatype is the numpy array's.
+- **Finalize**: :meth:`PythonBackend.close` calls ``finalize()`` when the worker exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import inspect
+import json
+import logging
+import os
+import sys
+import threading
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+from tritonclient.grpc import model_config_pb2 as mc
+
+import triton_python_backend_utils as pb_utils
+from naiad.datatypes import datatype_of
+from naiad.errors import (
+    DeadlineExceeded,
+    InferenceFailed,
+    InvalidInput,
+    ModelNotFound,
+    ModelNotReady,
+    NaiadError,
+    Unavailable,
+    Unsupported,
+)
+from naiad.inference import InferRequest, Tensor
+from repository_store import config_to_triton_json, default_model_filename
+
+logger = logging.getLogger(__name__)
+
+#: Request parameters Triton's core consumes (scheduling, the HTTP binary extension) and so
+#: never shows a model in ``request.parameters()``.
+RESERVED_PARAMETERS = frozenset({"timeout", "priority", "binary_data_output"})
+
+#: TritonError code -> the Naiad error a client gets (HTTP status as Triton's HTTP server).
+_ERRORS_BY_CODE: dict[int, type[NaiadError]] = {
+    pb_utils.TritonError.UNKNOWN: InvalidInput,
+    pb_utils.TritonError.INTERNAL: InferenceFailed,
+    pb_utils.TritonError.NOT_FOUND: ModelNotFound,
+    pb_utils.TritonError.INVALID_ARG: InvalidInput,
+    pb_utils.TritonError.UNAVAILABLE: Unavailable,
+    pb_utils.TritonError.UNSUPPORTED: Unsupported,
+    pb_utils.TritonError.ALREADY_EXISTS: InvalidInput,
+    pb_utils.TritonError.CANCELLED: InvalidInput,
+}
+
+
+def naiad_error(error: pb_utils.TritonError) -> NaiadError:
+    """The client-facing error of a response's ``TritonError`` (unknown codes: INTERNAL)."""
+    return _ERRORS_BY_CODE.get(error.code(), InferenceFailed)(str(error.message()))
+
+
+def triton_error(error: NaiadError) -> pb_utils.TritonError:
+    """The ``TritonError`` a BLS response carries for a Naiad error (its nearest code)."""
+    for cls, code in ((ModelNotFound, pb_utils.TritonError.NOT_FOUND),
+                      (Unsupported, pb_utils.TritonError.UNSUPPORTED),
+                      (ModelNotReady, pb_utils.TritonError.UNAVAILABLE),
+                      (InvalidInput, pb_utils.TritonError.INVALID_ARG),
+                      (Unavailable, pb_utils.TritonError.UNAVAILABLE),
+                      (DeadlineExceeded, pb_utils.TritonError.UNAVAILABLE)):  # fmt: skip
+        if isinstance(error, cls):
+            return pb_utils.TritonError(error.message, code)
+    return pb_utils.TritonError(error.message, pb_utils.TritonError.INTERNAL)
+
+
+def instance_args(version_dir: Path, config: mc.ModelConfig, device: str) -> dict[str, str]:
+    """``initialize``'s ``args``, as Triton's stub builds them (python_backend
+    ``stub_launcher.cc``). The instance is GPU only when this worker was placed on one
+    (``device`` ``cuda`` and ``CUDA_VISIBLE_DEVICES`` naming a device, which is then 0)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    gpu = device == "cuda" and visible not in ("", "-1")
+    group = config.instance_group[0].name if config.instance_group else ""
+    return {
+        "model_config": json.dumps(config_to_triton_json(config)),
+        "model_instance_kind": "GPU" if gpu else "CPU",
+        "model_instance_name": f"{group or config.name + '_0'}_0",
+        "model_instance_device_id": "0",
+        "model_repository": str(version_dir.parent.absolute()),
+        "model_version": version_dir.name,
+        "model_name": config.name,
+    }
+
+
+def import_model_file(path: Path, model: str) -> ModuleType:
+    """Import ``path`` as a fresh module (a unique name, so versions and models never share
+    one), with its folder on ``sys.path``. Raises what the import raises."""
+    folder = str(path.parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    name = f"_naiad_model_{model}_{path.parent.name}_{uuid.uuid4().hex[:8]}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ModelNotReady(f"'{path.name}' of model '{model}' cannot be imported")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
+class PythonBackend:
+    """One instance of a ``TritonPythonModel``, loaded from ``path`` and initialized."""
+
+    def __init__(self, path: Path, config: mc.ModelConfig, device: str):
+        self.config = config
+        self.args = instance_args(path.parent, config, device)
+        self.instance = self.args["model_instance_name"]
+        self.output_names = [spec.name for spec in config.output]
+        self.batching = config.max_batch_size > 0
+        self.input_reshape = {s.name: list(s.reshape.shape) for s in config.input if s.HasField("reshape")}
+        self.output_dims = {s.name: list(s.dims) for s in config.output if s.HasField("reshape")}
+        self._lock = threading.Lock()  # one execute at a time, as Triton's stub
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.module = self._import(path)
+        self.model = self._create()
+        self._closed = False
+
+    def _import(self, path: Path) -> ModuleType:
+        try:
+            module = import_model_file(path, self.config.name)
+        except Exception as exc:
+            raise ModelNotReady(f"failed to load model '{self.config.name}': importing "
+                                f"'{path.name}' raised {type(exc).__name__}: {exc}") from exc  # fmt: skip
+        if not inspect.isclass(getattr(module, "TritonPythonModel", None)):
+            raise ModelNotReady(f"'{path.name}' of model '{self.config.name}' defines no class "
+                                "TritonPythonModel")
+        if not callable(getattr(module.TritonPythonModel, "execute", None)):
+            raise ModelNotReady(f"TritonPythonModel of model '{self.config.name}' has no 'execute' method")
+        return module
+
+    def _create(self) -> Any:
+        try:
+            model = self.module.TritonPythonModel()
+            if callable(getattr(model, "initialize", None)):
+                model.initialize(dict(self.args))
+        except Exception as exc:
+            raise ModelNotReady(f"failed to load model '{self.config.name}': initialize() raised "
+                                f"{type(exc).__name__}: {exc}") from exc  # fmt: skip
+        if inspect.iscoroutinefunction(model.execute):
+            self._loop = asyncio.new_event_loop()
+        logger.info("loaded Python model '%s' (instance %s, %s)", self.config.name, self.instance,
+                    self.args["model_instance_kind"])  # fmt: skip
+        return model
+
+    def execute_requests(self, requests: Sequence[InferRequest]) -> list[list[Tensor] | NaiadError]:
+        """Run one batch of requests through ``execute``: per request its outputs or the
+        error its response carried. Raises :class:`InferenceFailed` when ``execute`` raises
+        or does not return one ``InferenceResponse`` per request (the whole batch fails)."""
+        pb_requests = [self._request(r) for r in requests]
+        responses = self._execute(pb_requests)
+        pairs = zip(responses, pb_requests, strict=True)
+        return [self._outputs(response, request) for response, request in pairs]
+
+    def _execute(self, requests: list[pb_utils.InferenceRequest]) -> list[pb_utils.InferenceResponse]:
+        with self._lock:
+            try:
+                if self._loop is not None:
+                    responses = self._loop.run_until_complete(self.model.execute(requests))
+                else:
+                    responses = self.model.execute(requests)
+            except Exception as exc:
+                logger.exception("execute of model '%s' raised", self.config.name)
+                raise InferenceFailed(f"Failed to process the request(s) for model instance "
+                                      f"'{self.instance}', message: {type(exc).__name__}: {exc}") from exc
+        if not isinstance(responses, list | tuple) or len(responses) != len(requests):
+            got = len(responses) if isinstance(responses, list | tuple) else type(responses).__name__
+            raise InferenceFailed(f"execute of model '{self.config.name}' must return a list of "
+                                  f"{len(requests)} pb_utils.InferenceResponse, got {got}")  # fmt: skip
+        bad = [r for r in responses if not isinstance(r, pb_utils.InferenceResponse)]
+        if bad:
+            raise InferenceFailed(f"execute of model '{self.config.name}' returned {type(bad[0]).__name__} "
+                                  "where a pb_utils.InferenceResponse belongs")  # fmt: skip
+        return list(responses)
+
+    def _request(self, request: InferRequest) -> pb_utils.InferenceRequest:
+        parameters = {k: v for k, v in request.parameters.items() if k not in RESERVED_PARAMETERS}
+        return pb_utils.InferenceRequest(
+            request_id=request.id,
+            inputs=[pb_utils.Tensor(t.name, self._model_input(t)) for t in request.inputs],
+            requested_output_names=[o.name for o in request.outputs] or list(self.output_names),
+            model_name=self.config.name,
+            model_version=request.version,
+            timeout=int(request.parameters.get("timeout") or 0),
+            parameters=parameters,
+        )
+
+    def _model_input(self, tensor: Tensor) -> np.ndarray:
+        """A writable array in the shape the model takes (the config's ``reshape``)."""
+        array = tensor.data if tensor.data.flags.writeable else tensor.data.copy()
+        if tensor.name in self.input_reshape:
+            batch = [array.shape[0]] if self.batching else []
+            array = array.reshape(batch + self.input_reshape[tensor.name])
+        return array
+
+    def _outputs(
+        self, response: pb_utils.InferenceResponse, request: pb_utils.InferenceRequest
+    ) -> list[Tensor] | NaiadError:
+        if response.has_error():
+            return naiad_error(response.error())
+        wanted = set(request.requested_output_names())
+        outputs = []
+        for tensor in response.output_tensors():
+            if tensor.name() not in wanted:
+                continue
+            array = self._client_output(tensor.name(), tensor.as_numpy())
+            try:
+                outputs.append(Tensor(tensor.name(), datatype_of(array.dtype), list(array.shape), array))
+            except InvalidInput as exc:
+                return InferenceFailed(f"output '{tensor.name()}' of model '{self.config.name}': "
+                                       f"{exc.message}")
+        return outputs
+
+    def _client_output(self, name: str, array: np.ndarray) -> np.ndarray:
+        """``array`` in the config's ``dims`` when the output has a ``reshape``."""
+        dims = self.output_dims.get(name)
+        if dims is None or sum(d == -1 for d in dims) > 1:
+            return array
+        return array.reshape(([array.shape[0]] if self.batching else []) + dims)
+
+    def infer(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
+        """One request from model-facing arrays (the :class:`Backend` protocol, e.g. for
+        warm-up). Raises the response's error, as a :class:`NaiadError`."""
+        tensors = [Tensor(n, datatype_of(a.dtype), list(a.shape), a) for n, a in inputs.items()]
+        request = InferRequest(self.config.name, int(self.args["model_version"]), tensors)
+        result = self.execute_requests([request])[0]
+        if isinstance(result, NaiadError):
+            raise result
+        return {t.name: t.data for t in result if not outputs or t.name in outputs}
+
+    def close(self) -> None:
+        """``finalize()`` (once; its errors are logged), then drop the module."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock:
+            try:
+                if callable(getattr(self.model, "finalize", None)):
+                    self.model.finalize()
+            except Exception:
+                logger.exception("finalize of model '%s' raised", self.config.name)
+            if self._loop is not None:
+                with contextlib.suppress(Exception):
+                    self._loop.close()
+        sys.modules.pop(self.module.__name__, None)
+
+
+def load(version_dir: Path, config: mc.ModelConfig, device: str) -> PythonBackend:
+    """Import and initialize ``version_dir/model.py`` (or ``default_model_filename``).
+    Raises :class:`ModelNotReady` when the file does not import, defines no usable
+    ``TritonPythonModel``, or ``initialize`` raises."""
+    return PythonBackend(version_dir / default_model_filename(config), config, device)
+
+
+def auto_complete_main(argv: Sequence[str]) -> int:
+    """``python -m workers.backends.python auto-complete MODEL_PY OUT_JSON``: run the
+    model's ``auto_complete_config`` on the config JSON read from stdin (Triton's form) and
+    write the completed config's JSON to ``OUT_JSON``. The repository index runs this in a
+    child process (:mod:`repository_store.python_autocomplete`). Exit 0, or 1 with the error
+    as stderr's last line."""
+    if len(argv) != 3 or argv[0] != "auto-complete":
+        print("usage: python -m workers.backends.python auto-complete MODEL_PY OUT_JSON", file=sys.stderr)
+        return 2
+    config = pb_utils.ModelConfig(sys.stdin.read())
+    try:
+        module = import_model_file(Path(argv[1]), str(config.as_dict().get("name", "model")))
+        result = module.TritonPythonModel.auto_complete_config(config)
+    except Exception as exc:
+        print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    if not isinstance(result, pb_utils.ModelConfig):
+        print(f"auto_complete_config must return its pb_utils.ModelConfig, got {type(result).__name__}",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    Path(argv[2]).write_text(json.dumps(result.as_dict()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(auto_complete_main(sys.argv[1:]))

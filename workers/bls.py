@@ -1,0 +1,161 @@
+"""Business Logic Scripting: a worker's Python model calling another model.
+
+``pb_utils.InferenceRequest(...).exec()`` / ``async_exec()`` (python_backend README,
+"Business Logic Scripting") land in :meth:`BlsClient.submit`, called from the thread that
+runs the model's ``execute``. The request travels exactly as a client's does through a
+gateway: resolved against the registry (``model_version`` -1: the newest version served),
+validated against the target's config (:func:`naiad.validation.validate_request`), placed
+by the target's queue policy (:func:`naiad.queue_policy.place`: its priority level's stream
+and bound) and queued by :class:`naiad.queue_client.QueueDispatcher` (waking the
+scaler when the target has no worker, so a model at zero starts) and counted in its
+statistics. The dispatcher lives on the worker's event loop with its own reply list
+(``naiad:reply:bls-<worker id>``); ``exec`` blocks only the model's thread, so heartbeats
+and replies keep flowing. Every failure comes back as the response's ``error()``, never
+raised, as Triton does; an unknown model is NOT_FOUND with Triton's message.
+
+The reply reader starts on the first BLS call, so a worker whose model never calls another
+model holds no extra Redis connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import logging
+import time
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+import triton_python_backend_utils as pb_utils
+from naiad import keys, queue_policy, stats
+from naiad.datatypes import datatype_of
+from naiad.errors import ModelNotFound, ModelNotReady, NaiadError, Unavailable
+from naiad.inference import InferRequest, InferResponse, RequestedOutput, Tensor
+from naiad.queue_client import READER_BLOCK_S, QueueDispatcher
+from naiad.redis_client import connect
+from naiad.settings import Settings
+from naiad.validation import validate_request
+from repository_store import ModelEntry
+from workers.backends.python import triton_error
+
+logger = logging.getLogger(__name__)
+
+
+class BlsClient:
+    """Sends this worker's BLS requests through the target models' queues. Create it on the
+    worker's event loop; :meth:`submit` may be called from any other thread."""
+
+    def __init__(self, settings: Settings, redis: Redis, redis_url: str, worker_id: str):
+        self.settings = settings
+        self.redis = redis
+        self.redis_url = redis_url
+        self.client_id = f"bls-{worker_id}"
+        self.loop = asyncio.get_running_loop()
+        self._dispatcher: QueueDispatcher | None = None
+        self._reader: Redis | None = None
+        self._starting = asyncio.Lock()
+
+    def submit(
+        self, request: pb_utils.InferenceRequest
+    ) -> concurrent.futures.Future[pb_utils.InferenceResponse]:
+        """Send ``request`` from a model's thread; the future's result is its response."""
+        return asyncio.run_coroutine_threadsafe(self.execute(request), self.loop)
+
+    async def execute(self, request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
+        """The response to ``request``: its outputs, or its ``error()``."""
+        try:
+            response = await self._infer(request)
+        except NaiadError as exc:
+            return pb_utils.InferenceResponse(error=triton_error(exc))
+        except RedisError as exc:
+            return pb_utils.InferenceResponse(error=triton_error(Unavailable(f"Redis is unavailable: {exc}")))
+        return pb_utils.InferenceResponse([pb_utils.Tensor(t.name, t.data) for t in response.outputs])
+
+    async def _infer(self, request: pb_utils.InferenceRequest) -> InferResponse:
+        entry, version = await self._resolve(request.model_name(), request.model_version())
+        infer = InferRequest(
+            model=entry.name, version=version, inputs=[_tensor(t) for t in request.inputs()],
+            outputs=[RequestedOutput(name) for name in request.requested_output_names()],
+            id=request.request_id(), parameters=_parameters(request),
+        )  # fmt: skip
+        assert entry.config is not None
+        validate_request(entry.config, infer)
+        timeout_s = request.timeout() / 1e6 if request.timeout() > 0 else self.settings.request_timeout_s
+        server_bound = self.settings.max_queue_size
+        placement = queue_policy.place(entry.name, entry.config, infer.parameters, server_bound)
+        started_ns = time.perf_counter_ns()
+        dispatcher = await self._started()
+        try:
+            response = await dispatcher.infer(infer, timeout_s, placement=placement)
+        except (Exception, asyncio.CancelledError) as exc:
+            await self._record(infer, False, started_ns, stats.failure_reason(exc))
+            raise
+        await self._record(infer, True, started_ns)
+        return response
+
+    async def _resolve(self, model: str, version: int) -> tuple[ModelEntry, int]:
+        """The target's registry entry and version (-1: the newest it serves). Raises
+        :class:`ModelNotFound` (Triton's message) or :class:`ModelNotReady`."""
+        raw = await self.redis.hget(keys.REGISTRY, model) if model else None
+        if raw is None:
+            raise ModelNotFound(f"Request for unknown model: '{model}' is not found")
+        entry = ModelEntry.from_bytes(raw)
+        if not entry.ready or entry.config is None:
+            raise ModelNotReady(f"model '{model}' is not ready: {entry.reason}")
+        if version == -1:
+            return entry, max(entry.versions)
+        if version not in entry.versions:
+            raise ModelNotFound(f"Request for unknown model: '{model}' version {version} is not found")
+        return entry, version
+
+    async def _started(self) -> QueueDispatcher:
+        """The dispatcher, its reply reader started on first use."""
+        async with self._starting:
+            if self._dispatcher is None:
+                self._reader = connect(self.redis_url, longest_block_s=READER_BLOCK_S)
+                dispatcher = QueueDispatcher(self.redis, self._reader, self.client_id)
+                await dispatcher.start()
+                self._dispatcher = dispatcher
+        return self._dispatcher
+
+    async def _record(self, request: InferRequest, ok: bool, started_ns: int, reason: str = "OTHER") -> None:
+        """The target model's request statistics, as a gateway records a client's request."""
+        duration_ns, now_ms = time.perf_counter_ns() - started_ns, int(time.time() * 1000)
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                stats.add_request(pipe, request.model, request.version, ok, duration_ns, now_ms, reason)
+                await pipe.execute()
+        except RedisError as exc:
+            logger.warning("statistics of model '%s' not recorded: %s", request.model, exc)
+
+    async def close(self) -> None:
+        """Stop the reply reader, if it started."""
+        if self._dispatcher is not None:
+            await self._dispatcher.stop()
+        if self._reader is not None:
+            await self._reader.aclose()
+
+
+def _tensor(tensor: pb_utils.Tensor) -> Tensor:
+    array = tensor.as_numpy()
+    return Tensor(tensor.name(), datatype_of(array.dtype), list(array.shape), array)
+
+
+def _parameters(request: pb_utils.InferenceRequest) -> dict:
+    """The BLS request's parameters, with its ``timeout`` (µs) where it has one: the target's
+    queue policy reads it there, as it does a client's."""
+    parameters = json.loads(request.parameters())
+    parameters = parameters if isinstance(parameters, dict) else {}
+    if request.timeout() > 0:
+        parameters["timeout"] = request.timeout()
+    return parameters
+
+
+def install(settings: Settings, redis: Redis, redis_url: str, worker_id: str) -> BlsClient:
+    """A BLS client for this worker, reachable from ``pb_utils.InferenceRequest.exec``.
+    Call on the worker's loop; close it (:meth:`BlsClient.close`) when the worker exits."""
+    client = BlsClient(settings, redis, redis_url, worker_id)
+    pb_utils._install_bls(client.submit)  # noqa: SLF001 - the module's hook for its host
+    return client

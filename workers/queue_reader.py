@@ -1,0 +1,179 @@
+"""A worker's side of its model's queue: the request streams, one per priority level.
+
+The worker reads every stream of its model (:func:`naiad.keys.request_streams`) as consumer
+``consumer`` of the group :data:`naiad.keys.WORKER_GROUP`. A read claims entries highest
+level first (one Lua script: ``XREADGROUP`` on each stream in turn until it has enough), so
+a request of a higher level overtakes whatever lower levels hold, and blocks on all streams
+at once only when every one is empty. Everything else works per stream: reclaiming a dead
+worker's entries, checking that claimed entries are still this worker's, acknowledging and
+deleting answered ones, handing entries back, re-creating the groups after a restarted Redis
+lost them (NOGROUP).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
+from redis.exceptions import ResponseError
+
+from naiad import keys
+from naiad.codec import QueuedRequest, decode_request, encode_request, entry_order
+from naiad.errors import NaiadError
+from workers import reclaim
+
+logger = logging.getLogger(__name__)
+
+#: Claim up to ARGV[3] entries for consumer ARGV[2] of group ARGV[1] from KEYS in their order
+#: (highest priority first), stopping once it has enough; returns ``{{index, entries}, ...}``
+#: with ``index`` the 1-based position of the stream in KEYS.
+PRIORITY_READ = """
+local out, left = {}, tonumber(ARGV[3])
+for i, key in ipairs(KEYS) do
+  if left <= 0 then break end
+  local got = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', left, 'STREAMS', key, '>')
+  if got then
+    left = left - #got[1][2]
+    out[#out + 1] = {i, got[1][2]}
+  end
+end
+return out
+"""
+
+
+class QueueReader:
+    """The request streams of ``model`` as consumer ``consumer``; ``redis``: the worker's
+    client. :meth:`configure` sets the number of priority levels (0 until the config is
+    known: the plain stream only)."""
+
+    def __init__(self, redis: Redis, model: str, consumer: str):
+        self.redis, self.model, self.consumer = redis, model, consumer
+        self.levels = 0
+        self.streams = keys.request_streams(model, 0)
+        self._read = redis.register_script(PRIORITY_READ)
+
+    def configure(self, levels: int) -> None:
+        self.levels = levels
+        self.streams = keys.request_streams(self.model, levels)
+
+    def _level(self, index: int) -> int:
+        return index + 1 if self.levels else 0
+
+    def stream_of(self, queued: QueuedRequest) -> str:
+        return keys.request_stream(self.model, queued.level)
+
+    async def ensure_groups(self) -> None:
+        """Create the consumer group on every stream (and the stream) where it is missing."""
+        for stream in self.streams:
+            try:
+                await self.redis.xgroup_create(stream, keys.WORKER_GROUP, id="0", mkstream=True)
+            except ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+
+    async def read(self, count: int, block_ms: int | None) -> list[QueuedRequest]:
+        """Claim up to ``count`` new entries, highest level first; when there are none and
+        ``block_ms`` is set, wait that long for the first to arrive on any stream."""
+        if count <= 0:
+            return []
+        if len(self.streams) == 1:
+            return await self._read_blocking(count, block_ms)
+        found = await self._read(keys=self.streams, args=[keys.WORKER_GROUP, self.consumer, count])
+        requests = []
+        for index, entries in found or []:
+            for entry_id, flat in entries:
+                fields = dict(zip(flat[::2], flat[1::2], strict=True))
+                requests.append(await self._decode(entry_id, fields, self._level(index - 1)))
+        if not requests and block_ms is not None:
+            return await self._read_blocking(count, block_ms)
+        return [r for r in requests if r is not None]
+
+    async def _read_blocking(self, count: int, block_ms: int | None) -> list[QueuedRequest]:
+        response = await self.redis.xreadgroup(
+            keys.WORKER_GROUP, self.consumer, dict.fromkeys(self.streams, ">"), count=count, block=block_ms
+        )
+        requests = []
+        for stream, entries in response or []:
+            level = self._level(self.streams.index(stream.decode() if isinstance(stream, bytes) else stream))
+            for entry_id, fields in entries:
+                requests.append(await self._decode(entry_id, fields, level))
+        return [r for r in requests if r is not None]
+
+    async def _decode(self, entry_id: bytes, fields: dict, level: int) -> QueuedRequest | None:
+        try:
+            queued = decode_request(self.model, fields, entry_id)
+        except NaiadError:
+            logger.exception("dropping malformed stream entry %s", entry_id)
+            stream = keys.request_stream(self.model, level)
+            await self.redis.xack(stream, keys.WORKER_GROUP, entry_id)
+            await self.redis.xdel(stream, entry_id)
+            return None
+        queued.level = level
+        return queued
+
+    async def reclaim(self, min_idle_ms: int) -> list[QueuedRequest]:
+        """Take over, on every stream, what dead workers of this model left claimed
+        (:func:`workers.reclaim.reclaim_orphans`)."""
+        requests = []
+        for index, stream in enumerate(self.streams):
+            found = await reclaim.reclaim_orphans(self.redis, self.model, self.consumer, min_idle_ms, stream)
+            for entry_id, fields in found:
+                requests.append(await self._decode(entry_id, fields, self._level(index)))
+        return [r for r in requests if r is not None]
+
+    async def still_ours(self, requests: Sequence[QueuedRequest]) -> list[QueuedRequest]:
+        """The requests still pending for this consumer, by one ``XPENDING`` over their id
+        range per stream. One withdrawn by its gateway (the client went away, its deadline
+        passed) or taken over by another worker (this one was frozen past the reclaim time)
+        is not: it is neither run nor answered here."""
+        by_stream: dict[str, list[bytes]] = {}
+        for queued in requests:
+            by_stream.setdefault(self.stream_of(queued), []).append(queued.entry_id)
+        ours: set[tuple[str, bytes]] = set()
+        for stream, ids in by_stream.items():
+            ids.sort(key=entry_order)
+            pending = await self.redis.xpending_range(
+                stream, keys.WORKER_GROUP, ids[0], ids[-1], len(ids) + reclaim.SCAN_COUNT,
+                consumername=self.consumer,
+            )  # fmt: skip
+            ours |= {(stream, p["message_id"]) for p in pending}
+        kept = [q for q in requests if (self.stream_of(q), q.entry_id) in ours]
+        if len(kept) < len(requests):
+            logger.info("skipped %d requests withdrawn or taken over by another worker",
+                        len(requests) - len(kept))  # fmt: skip
+        return kept
+
+    def acknowledge(self, pipe: Pipeline, requests: Sequence[QueuedRequest]) -> None:
+        """Queue ``XACK`` + ``XDEL`` of the requests' entries on ``pipe``, per stream."""
+        by_stream: dict[str, list[bytes]] = {}
+        for queued in requests:
+            by_stream.setdefault(self.stream_of(queued), []).append(queued.entry_id)
+        for stream, ids in by_stream.items():
+            pipe.xack(stream, keys.WORKER_GROUP, *ids)
+            pipe.xdel(stream, *ids)
+
+    async def hand_back(self, requests: Sequence[QueuedRequest]) -> None:
+        """Put ``requests`` back on their streams for another worker: a copy added, the
+        claimed entry acknowledged and deleted, in one transaction."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            for queued in requests:
+                pipe.xadd(self.stream_of(queued), encode_request(
+                    queued.queue_id, queued.request, queued.reply_to, queued.deadline,
+                    queued.enqueued_at, traceparent=queued.traceparent, log_id=queued.log_id,
+                ))  # fmt: skip
+            self.acknowledge(pipe, requests)
+            await pipe.execute()
+
+    async def backlog(self) -> int:
+        """Entries in all of the model's streams (queued or being run)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for stream in self.streams:
+                pipe.xlen(stream)
+            return sum(await pipe.execute())
+
+    async def leave(self) -> None:
+        """Remove this consumer from the group of every stream."""
+        for stream in self.streams:
+            await self.redis.xgroup_delconsumer(stream, keys.WORKER_GROUP, self.consumer)
