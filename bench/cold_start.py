@@ -13,8 +13,9 @@ record (:func:`workers.worker.cold_start_phases`) and the statistics extension:
 - *to worker*: request sent → the process started (bare) or was claimed (pool): the
   gateway's enqueue, the scaler's wake-up and its spawn or claim;
 - *start*: bare: interpreter, imports, settings; pool: the claim reaching the process;
-- *registry*, *open*, *pull*, *load*: Redis round trips and registry entry, opening the
-  repository, the local cache check/download, the backend's load;
+- *registry*, *open*, *pull*, *load*, *warmup*: Redis round trips and registry entry, opening
+  the repository, the local cache check/download, the backend's load, the config's
+  ``model_warmup`` samples;
 - *to answer*: ready → answer at the client: the first read of the queue, the first
   inference (*compute* of it: Triton's three compute phases), the reply through the gateway.
 
@@ -40,8 +41,11 @@ import psutil
 import requests
 import tritonclient.http as httpclient
 
+from workers.worker import cold_start_phases
+
 ROOT = Path(__file__).resolve().parents[1]
-PHASES = ("start", "registry", "open", "pull", "load")
+#: The worker's cold-start phases, in its order (start, registry, open, pull, load, warmup).
+PHASES = tuple(cold_start_phases(0.0, {}, [], 0.0))
 
 
 def free_port() -> int:
@@ -132,11 +136,17 @@ def one_cold_start(server: Server, x: np.ndarray) -> dict:
     cold = [r["cold_start"] for r in server.records() if "cold_start" in r]
     if not cold or cold[-1]["origin"] < sent - 1.0:  # a worker that was still up answered
         raise SystemExit("the request found a live worker: no cold start")
-    c = cold[-1]
-    row = {"total": total, "to worker": c["origin"] - sent, **{p: c[p] for p in PHASES},
-           "to answer": sent + total - (c["origin"] + c["seconds"]),
-           "compute": first_compute_s, "hot": hot}  # fmt: skip
-    return row
+    return row_of(cold[-1], sent, total, first_compute_s, hot)
+
+
+def row_of(cold_start: dict, sent: float, total: float, compute_s: float, hot: float) -> dict:
+    """One run's seconds by column: the worker's ``cold_start`` log record (its ``origin``,
+    ``seconds`` and :data:`PHASES`), the request's ``sent`` (Unix s) and ``total`` latency,
+    the first inference's ``compute_s`` and the ``hot`` request's latency."""
+    c = cold_start
+    return {"total": total, "to worker": c["origin"] - sent, **{p: c[p] for p in PHASES},
+            "to answer": sent + total - (c["origin"] + c["seconds"]),
+            "compute": compute_s, "hot": hot}  # fmt: skip
 
 
 def run_mode(repo: Path, pool_size: int, runs: int, idle_timeout_s: float) -> list[dict]:

@@ -6,7 +6,7 @@ Every load scenario builds the benchmark repository if needed (:mod:`bench.perf.
 the servers one after another (each alone on the machine while measured, stopped after), drives
 each with the same load generator (:mod:`bench.perf.loadgen`) and writes ``NAME.json``,
 ``NAME.md`` and ``NAME.png`` under ``--out`` (default ``bench/results``); server logs go to
-``.bench/logs/NAME-<time>/``.
+``.bench/logs/NAME/``, the previous run's to ``.bench/logs/NAME.prev/``.
 
 - ``overhead``: ``tiny`` (an Identity node) at concurrency 1: the floor, Naiad over HTTP (binary
   tensors) and over gRPC. What Naiad adds per request.
@@ -33,7 +33,15 @@ from pathlib import Path
 
 from bench.perf import loadgen, report
 from bench.perf.models import DEFAULT_REPOSITORY, ROOT, ensure_repository, target
-from bench.perf.servers import Server, running, start_floor, start_kserve, start_mlserver, start_naiad
+from bench.perf.servers import (
+    Server,
+    run_folder,
+    running,
+    start_floor,
+    start_kserve,
+    start_mlserver,
+    start_naiad,
+)
 
 DEFAULT_LEVELS = {"overhead": [1], "throughput": [1, 2, 4, 8, 16, 32, 64], "peers": [1, 8, 32]}
 
@@ -44,7 +52,7 @@ class Run:
     def __init__(self, name: str, args: argparse.Namespace):
         self.name, self.args = name, args
         self.levels = args.concurrency or DEFAULT_LEVELS[name]
-        self.logs = ROOT / ".bench" / "logs" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        self.logs = run_folder(ROOT / ".bench" / "logs", name)
         self.series: list[dict] = []
 
     def measure(self, server: Server, label: str, tgt: loadgen.Target, group: str) -> dict:

@@ -4,6 +4,8 @@ NVIDIA's own ``tritonclient``.
 1. a cold start: the first ``digits`` request waits while a worker starts from zero;
 2. the 360 held-out digits, one row per request, scored against the same ONNX file run here
    directly with onnxruntime (the answers must be identical), with latency percentiles;
+   then the same rows through ``digits_pytorch`` (TorchScript) and ``digits_tensorflow``
+   (SavedModel), which must give the ONNX model's probabilities within 1e-5 and its labels;
 3. one 512-sample chunk through ``silero_vad`` (a recurrent model with explicit state);
 4. the ``digits`` worker scaling back to zero after the idle timeout;
 then the server is stopped (SIGINT, SIGKILL if it does not exit).
@@ -133,17 +135,33 @@ def model_workers(metrics_url: str, model: str) -> float | None:
     return float(match.group(1)) if match else None
 
 
-def infer_digits(client: httpclient.InferenceServerClient, rows: np.ndarray) -> np.ndarray:
-    """Labels for ``rows`` (float32 [n, 64], n <= 64) from the served ``digits`` model."""
-    request = httpclient.InferInput("input", list(rows.shape), "FP32")
+# The digits classifier in every framework: model -> (input, (probabilities, label) outputs).
+DIGITS_MODELS = {
+    "digits": ("input", ("probabilities", "label")),
+    "digits_pytorch": ("input__0", ("output__0", "output__1")),
+    "digits_tensorflow": ("input", ("probabilities", "label")),
+}
+
+
+def infer_digits_outputs(
+    client: httpclient.InferenceServerClient, rows: np.ndarray, model: str = "digits"
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(probabilities [n, 10], labels [n])`` for ``rows`` (float32 [n, 64], n <= 64)."""
+    input_name, outputs = DIGITS_MODELS[model]
+    request = httpclient.InferInput(input_name, list(rows.shape), "FP32")
     request.set_data_from_numpy(rows)
     result = client.infer(
-        "digits",
+        model,
         [request],
-        outputs=[httpclient.InferRequestedOutput("label")],
+        outputs=[httpclient.InferRequestedOutput(name) for name in outputs],
         timeout=int(INFER_TIMEOUT_S * 1e6),
     )
-    return result.as_numpy("label").reshape(-1)
+    return result.as_numpy(outputs[0]), result.as_numpy(outputs[1]).reshape(-1)
+
+
+def infer_digits(client: httpclient.InferenceServerClient, rows: np.ndarray) -> np.ndarray:
+    """Labels for ``rows`` (float32 [n, 64], n <= 64) from the served ``digits`` model."""
+    return infer_digits_outputs(client, rows)[1]
 
 
 def cold_start(client: httpclient.InferenceServerClient, metrics_url: str, x: np.ndarray) -> None:
@@ -174,6 +192,25 @@ def score_holdout(client: httpclient.InferenceServerClient, repository: Path) ->
     print(f"   single-row latency p50 {p50:.2f} ms, p99 {p99:.2f} ms")
     if not (np.array_equal(served, local) and np.array_equal(batched, local)):
         raise AssertionError("naiad's answers differ from onnxruntime run in-process")
+
+
+def other_frameworks(client: httpclient.InferenceServerClient, repository: Path) -> None:
+    """The holdout through the TorchScript and SavedModel digits, against the ONNX one."""
+    x, _ = load_holdout()
+    reference = [infer_digits_outputs(client, x[i : i + 64]) for i in range(0, len(x), 64)]
+    for model in ("digits_pytorch", "digits_tensorflow"):
+        if not (repository / model / "config.pbtxt").is_file():
+            print(f"   {model}: not in the repository, skipped")
+            continue
+        started = time.perf_counter()
+        served = [infer_digits_outputs(client, x[i : i + 64], model) for i in range(0, len(x), 64)]
+        took = time.perf_counter() - started
+        gap = max(float(np.max(np.abs(p - q))) for (p, _), (q, _) in zip(served, reference, strict=True))
+        same = all(np.array_equal(a, b) for (_, a), (_, b) in zip(served, reference, strict=True))
+        print(f"   {model}: max |p - p_onnx| {gap:.1e}, same labels: {same} "
+              f"({took:.2f} s, its cold start included)")
+        if gap > 1e-5 or not same:
+            raise AssertionError(f"{model} disagrees with the ONNX digits model")
 
 
 def voice_activity(client: httpclient.InferenceServerClient) -> None:
@@ -226,6 +263,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     x, _ = load_holdout()
                     cold_start(client, metrics_url, x)
                     score_holdout(client, args.model_repository)
+                    other_frameworks(client, args.model_repository)
                     voice_activity(client)
                     scale_to_zero(metrics_url, args.idle_timeout)
                 finally:

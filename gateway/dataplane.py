@@ -39,7 +39,7 @@ from naiad.errors import (
 )
 from naiad.inference import InferRequest, InferResponse
 from naiad.queue_policy import Placement
-from repository_store import ModelEntry, backend_of, config_to_json, parse_config_json
+from repository_store import ModelEntry, backend_of, config_to_triton_json, parse_config_json
 from repository_store.ensemble import is_ensemble
 
 logger = logging.getLogger(__name__)
@@ -182,8 +182,10 @@ class DataPlane:
         }
 
     async def model_config(self, name: str, version: str = "") -> dict[str, Any]:
+        """The config as Triton's HTTP ``GET v2/models/<name>/config`` returns it
+        (:func:`repository_store.config_to_triton_json`: 64-bit integers as JSON numbers)."""
         entry, _ = await self.resolve(name, version)
-        return config_to_json(entry.config)
+        return config_to_triton_json(entry.config)
 
     async def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         """Triton's repository index: one ``{name, version, state, reason}`` per model

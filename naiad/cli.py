@@ -17,7 +17,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from naiad import logs, procs, tracing
+from naiad import eventloop, logs, procs, tracing
 from naiad.settings import Settings, parse_cache_config
 
 
@@ -228,7 +228,7 @@ def cmd_serve(settings: Settings, with_gateway: bool = True, with_scaler: bool =
         else:
             runners = [_gateway_runner(settings, redis_url)]
         try:
-            asyncio.run(_until_signal(*runners, grace_s=settings.shutdown_grace_s))
+            eventloop.run(_until_signal(*runners, grace_s=settings.shutdown_grace_s))
         except OSError as exc:  # a port already taken, an address that cannot be bound
             print(f"naiad: cannot serve: {exc}", file=sys.stderr)
             return 1
@@ -241,7 +241,7 @@ def cmd_worker(settings: Settings, model: str) -> int:
     if not settings.redis_url:
         print("naiad worker: --redis-url is required", file=sys.stderr)
         return 2
-    return asyncio.run(Worker(settings, model, settings.redis_url).run())
+    return eventloop.run(Worker(settings, model, settings.redis_url).run())
 
 
 def parse_worker_command(argv: Sequence[str]) -> tuple[Settings, str]:
@@ -260,7 +260,7 @@ def cmd_pool_worker(settings: Settings) -> int:
     if not settings.redis_url:
         print("naiad worker: --redis-url is required", file=sys.stderr)
         return 2
-    return asyncio.run(warm_pool.serve_claim(settings, parse_worker_command))
+    return eventloop.run(warm_pool.serve_claim(settings, parse_worker_command))
 
 
 def cmd_deploy(args: argparse.Namespace, settings: Settings) -> int:

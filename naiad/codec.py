@@ -2,8 +2,9 @@
 
 A request is one Redis stream entry with two fields: ``h`` (msgpack header) and ``d`` (the
 inputs' raw bytes concatenated in header order). A reply is one msgpack array
-``[header, raw]`` pushed to the gateway's reply list. Tensor bytes are little-endian and
-row-major; BYTES tensors use Triton's 4-byte length-prefixed elements
+``[header, raw]``; a worker pushes the replies of one batch for one gateway as one element
+of that gateway's reply list, the encoded replies concatenated (:func:`decode_replies`).
+Tensor bytes are little-endian and row-major; BYTES tensors use Triton's 4-byte length-prefixed elements
 (:func:`naiad.datatypes.serialize_bytes`), so nothing on the hot path goes through JSON.
 
 Request header keys: ``q`` queue id (unique per enqueue), ``id`` client request id, ``v``
@@ -47,6 +48,8 @@ class QueuedRequest:
     log_id: str = ""
     level: int = 0
     """The priority level of the stream it was read from (set by the reader, not sent)."""
+    claimed_at: float = 0.0
+    """``time.monotonic()`` when this worker claimed it (set by the reader, not sent)."""
 
     @property
     def request_id(self) -> str:
@@ -173,7 +176,29 @@ def encode_reply(reply: Reply) -> bytes:
 def decode_reply(payload: bytes) -> Reply:
     """Inverse of :func:`encode_reply`. Raises :class:`InvalidInput` on a malformed reply."""
     try:
-        header, raw = msgpack.unpackb(payload)
+        return _reply_of(msgpack.unpackb(payload))
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise InvalidInput(f"malformed reply message: {exc}") from exc
+
+
+def decode_replies(payload: bytes) -> list[Reply]:
+    """The replies of one reply-list element: encoded replies (:func:`encode_reply`)
+    concatenated, as a worker pushes every reply of a batch for one gateway (one is the
+    plain case). Raises :class:`InvalidInput` if any is malformed."""
+    unpacker = msgpack.Unpacker(max_buffer_size=max(len(payload), 1))
+    try:
+        unpacker.feed(payload)
+        replies = [_reply_of(value) for value in unpacker]
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise InvalidInput(f"malformed reply message: {exc}") from exc
+    if not replies or unpacker.tell() != len(payload):
+        raise InvalidInput("malformed reply message: truncated")
+    return replies
+
+
+def _reply_of(value: Any) -> Reply:
+    try:
+        header, raw = value
         reply = Reply(header["q"], timings_ns=header.get("st", {}))
         if header["ok"]:
             reply.outputs = _unpack_tensors(header["out"], raw)

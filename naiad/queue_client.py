@@ -42,7 +42,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from naiad import keys, logs, tracing
-from naiad.codec import Reply, decode_reply, encode_request
+from naiad.codec import Reply, decode_replies, encode_request
 from naiad.errors import DeadlineExceeded, InvalidInput, Overloaded, QueueTimeout, Unavailable
 from naiad.inference import InferRequest, InferResponse
 from naiad.queue_policy import Placement
@@ -53,14 +53,17 @@ logger = logging.getLogger(__name__)
 #: Seconds one BLPOP of the reply reader blocks before it loops (to notice shutdown).
 READER_BLOCK_S = 5
 
-#: XADD unless the stream already holds ``ARGV[1]`` entries or more (0: no bound); returns the
-#: new entry's id, or nil when the queue is full. KEYS[1]: the stream; ARGV[2..]: the fields.
+#: XADD unless the stream already holds ``ARGV[1]`` entries or more (0: no bound); returns
+#: ``{entry id, live workers}`` (members of the workers set KEYS[2] whose heartbeat deadline is
+#: at or after ``ARGV[2]``, Unix seconds), or nil when the queue is full. KEYS[1]: the
+#: stream; ARGV[3..]: the fields. One round trip per request: the enqueue's whole protocol.
 BOUNDED_XADD = """
 local limit = tonumber(ARGV[1])
 if limit > 0 and redis.call('XLEN', KEYS[1]) >= limit then
   return false
 end
-return redis.call('XADD', KEYS[1], '*', unpack(ARGV, 2))
+local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 3))
+return {id, redis.call('ZCOUNT', KEYS[2], ARGV[2], '+inf')}
 """
 #: Delete entry ARGV[2] of stream KEYS[1] unless a consumer of group ARGV[1] has claimed it
 #: (it is in the group's pending entries; no group yet: nobody has); 1 when deleted, 0 when
@@ -201,20 +204,19 @@ class QueueDispatcher:
     async def _send(
         self, request: InferRequest, fields: dict[bytes, bytes], now: float, placement: Placement
     ) -> bytes:
-        """The bounded XADD and the live-worker count in one round trip; the new entry's id."""
+        """The bounded XADD and the live-worker count in one round trip (one EVALSHA: a
+        pipeline holding a script would first ask SCRIPT EXISTS); the new entry's id."""
         stream, max_queue = placement.stream, placement.max_queue
-        args: list[bytes | int] = [max_queue]
+        args: list[bytes | int | float] = [max_queue, now]
         for name, value in fields.items():
             args += [name, value]
         try:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                await self._xadd(keys=[stream], args=args, client=pipe)
-                pipe.zcount(keys.workers(request.model), now, "+inf")
-                entry_id, live = await pipe.execute()
-            if entry_id is None:
+            added = await self._xadd(keys=[stream, keys.workers(request.model)], args=args)
+            if added is None:
                 level = f" at priority level {placement.level}" if placement.level else ""
                 raise Overloaded(f"Exceeds maximum queue size: the queue of model '{request.model}'"
                                  f"{level} is full ({max_queue} requests)")  # fmt: skip
+            entry_id, live = added
             if live == 0:
                 await self._wake(request.model)
         except RedisError as exc:
@@ -273,11 +275,14 @@ class QueueDispatcher:
                 self._deliver(item[1])
 
     def _deliver(self, payload: bytes) -> None:
+        """Resolve the futures of the replies in ``payload`` (every reply of one batch for
+        this client: :func:`naiad.codec.decode_replies`)."""
         try:
-            reply = decode_reply(payload)
+            replies = decode_replies(payload)
         except InvalidInput:
             logger.exception("dropping a malformed reply")
             return
-        future = self._pending.get(reply.queue_id)
-        if future is not None and not future.done():
-            future.set_result(reply)
+        for reply in replies:
+            future = self._pending.get(reply.queue_id)
+            if future is not None and not future.done():
+                future.set_result(reply)

@@ -78,23 +78,38 @@ class Execution:
     finished_ms: int
 
 
+#: HINCRBY of hash KEYS[1] for each (field, increment) pair in ARGV[3..], then, when ARGV[1]
+#: is not empty, HSET field ARGV[1] to ARGV[2]: a batch's counters as one command (sent as
+#: EVAL, which a pipeline sends as is, with no SCRIPT EXISTS first; Redis caches the script).
+HINCRBY_MANY = """
+for i = 3, #ARGV, 2 do
+  redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1])
+end
+if ARGV[1] ~= '' then
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+end
+return 0
+"""
+
+
 def _incr(pipe: Pipeline, key: str, prefix: str, kind: str, count: int, ns: int) -> None:
     pipe.hincrby(key, f"{prefix}{kind}_count", count)
     pipe.hincrby(key, f"{prefix}{kind}_ns", ns)
 
 
 def add_execution(pipe: Pipeline, model: str, run: Execution) -> None:
-    """Queue the counters of one executed batch on ``pipe`` (the caller executes it)."""
-    key, v = keys.stats(model), f"{run.version}:"
-    requests = len(run.queue_ns)
-    pipe.hincrby(key, f"{v}execution_count", 1)
-    pipe.hincrby(key, f"{v}inference_count", run.rows)
-    _incr(pipe, key, v, "queue", requests, sum(run.queue_ns))
+    """Queue the counters of one executed batch on ``pipe`` (the caller executes it), as one
+    command (:data:`HINCRBY_MANY`)."""
+    v = f"{run.version}:"
+    requests, batch = len(run.queue_ns), f"{v}batch:{run.rows}:"
+    args: list[str | int] = [f"{v}last_inference_ms", run.finished_ms, f"{v}execution_count", 1,
+                             f"{v}inference_count", run.rows, f"{v}queue_count", requests,
+                             f"{v}queue_ns", sum(run.queue_ns)]  # fmt: skip
     for phase in PHASES:
         ns = run.phases_ns.get(phase, 0)
-        _incr(pipe, key, v, phase, requests, ns * requests)
-        _incr(pipe, key, f"{v}batch:{run.rows}:", phase, 1, ns)
-    pipe.hset(key, f"{v}last_inference_ms", run.finished_ms)
+        args += [f"{v}{phase}_count", requests, f"{v}{phase}_ns", ns * requests,
+                 f"{batch}{phase}_count", 1, f"{batch}{phase}_ns", ns]  # fmt: skip
+    pipe.eval(HINCRBY_MANY, 1, keys.stats(model), *args)
 
 
 def add_request(

@@ -5,7 +5,6 @@ from repository_store.cache import ModelCache, PullStats, verify_file
 from repository_store.config import (
     ModelConfig,
     backend_of,
-    config_to_json,
     config_to_triton_json,
     default_model_filename,
     parse_config,
@@ -47,7 +46,6 @@ __all__ = [
     "RepositoryURI",
     "S3Store",
     "backend_of",
-    "config_to_json",
     "config_to_triton_json",
     "default_model_filename",
     "index_model",

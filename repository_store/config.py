@@ -203,11 +203,6 @@ def select_versions(cfg: ModelConfig, available: list[int]) -> list[int]:
     return versions[-count:] if count > 0 else []
 
 
-def config_to_json(cfg: ModelConfig) -> dict:
-    """The config as Triton's ``GET v2/models/<name>/config`` returns it (proto field names)."""
-    return json_format.MessageToDict(cfg, preserving_proto_field_name=True)
-
-
 _INT64_TYPES = frozenset({
     descriptor.FieldDescriptor.TYPE_INT64, descriptor.FieldDescriptor.TYPE_UINT64,
     descriptor.FieldDescriptor.TYPE_SINT64, descriptor.FieldDescriptor.TYPE_FIXED64,
@@ -217,7 +212,8 @@ _INT64_TYPES = frozenset({
 
 def config_to_triton_json(cfg: ModelConfig) -> dict:
     """The config as Triton's ``ModelConfigToJson`` writes it (core ``model_config_utils.cc``),
-    the form a Python model's ``args["model_config"]`` holds: proto field names, every field
+    the form HTTP ``GET v2/models/<name>/config`` returns and a Python model's
+    ``args["model_config"]`` holds: proto field names, every field
     without presence printed with its default (``"max_batch_size": 0``, ``"input": []``),
     enums by name (``"data_type": "TYPE_FP32"``) and 64-bit integers as JSON numbers
     (``"dims": [4]``) where protobuf's JSON would write strings. Map keys stay strings."""

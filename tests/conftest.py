@@ -98,9 +98,9 @@ EXAMPLES = pathlib.Path(_ROOT) / "examples"
 @pytest.fixture(scope="session")
 def example_repository(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     """The example repository's ``digits`` and ``silero_vad``, built once per session with
-    ``python examples/build_repository.py OUT_DIR --model ...`` exactly as a user would (the
-    TorchScript and SavedModel digits are left out: tests/e2e/test_framework_backends.py
-    builds them)."""
+    ``python examples/build_repository.py OUT_DIR --model ...`` exactly as a user would. The
+    other example models (TorchScript, SavedModel, the ensemble) are left out: the tests that
+    serve them build their own (e.g. tests/e2e/test_framework_backends.py)."""
     out = tmp_path_factory.mktemp("example") / "models"
     subprocess.run(
         [sys.executable, str(EXAMPLES / "build_repository.py"), str(out), "--model", "digits",

@@ -11,7 +11,9 @@ scaler when the target has no worker, so a model at zero starts) and counted in 
 statistics. The dispatcher lives on the worker's event loop with its own reply list
 (``naiad:reply:bls-<worker id>``); ``exec`` blocks only the model's thread, so heartbeats
 and replies keep flowing. Every failure comes back as the response's ``error()``, never
-raised, as Triton does; an unknown model is NOT_FOUND with Triton's message.
+raised, as Triton does; an unknown model is NOT_FOUND with Triton's message. An ensemble
+target is UNSUPPORTED at once: ensembles are scheduled by the gateway
+(:mod:`gateway.ensemble`), and no worker reads an ensemble's queue.
 
 The reply reader starts on the first BLS call, so a worker whose model never calls another
 model holds no extra Redis connection.
@@ -31,13 +33,14 @@ from redis.exceptions import RedisError
 import triton_python_backend_utils as pb_utils
 from naiad import keys, queue_policy, stats
 from naiad.datatypes import datatype_of
-from naiad.errors import ModelNotFound, ModelNotReady, NaiadError, Unavailable
+from naiad.errors import ModelNotFound, ModelNotReady, NaiadError, Unavailable, Unsupported
 from naiad.inference import InferRequest, InferResponse, RequestedOutput, Tensor
 from naiad.queue_client import READER_BLOCK_S, QueueDispatcher
 from naiad.redis_client import connect
 from naiad.settings import Settings
 from naiad.validation import validate_request
 from repository_store import ModelEntry
+from repository_store.ensemble import is_ensemble
 from workers.backends.python import triton_error
 
 logger = logging.getLogger(__name__)
@@ -75,6 +78,11 @@ class BlsClient:
 
     async def _infer(self, request: pb_utils.InferenceRequest) -> InferResponse:
         entry, version = await self._resolve(request.model_name(), request.model_version())
+        if is_ensemble(entry.config):  # its scheduler runs in the gateway (gateway/ensemble.py)
+            raise Unsupported(
+                "BLS requests to ensemble models are not supported in Naiad: "
+                f"call the composing models of '{entry.name}'"
+            )
         infer = InferRequest(
             model=entry.name, version=version, inputs=[_tensor(t) for t in request.inputs()],
             outputs=[RequestedOutput(name) for name in request.requested_output_names()],

@@ -13,6 +13,7 @@ lost them (NOGROUP).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 
 from redis.asyncio import Redis
@@ -41,6 +42,11 @@ for i, key in ipairs(KEYS) do
 end
 return out
 """
+
+
+#: Seconds after its claim during which an entry counts as still this worker's without
+#: asking Redis (:meth:`QueueReader.still_ours`); far below any reclaim idle time.
+FRESH_S = 0.005
 
 
 class QueueReader:
@@ -110,7 +116,7 @@ class QueueReader:
             await self.redis.xack(stream, keys.WORKER_GROUP, entry_id)
             await self.redis.xdel(stream, entry_id)
             return None
-        queued.level = level
+        queued.level, queued.claimed_at = level, time.monotonic()
         return queued
 
     async def reclaim(self, min_idle_ms: int) -> list[QueuedRequest]:
@@ -127,10 +133,18 @@ class QueueReader:
         """The requests still pending for this consumer, by one ``XPENDING`` over their id
         range per stream. One withdrawn by its gateway (the client went away, its deadline
         passed) or taken over by another worker (this one was frozen past the reclaim time)
-        is not: it is neither run nor answered here."""
+        is not: it is neither run nor answered here.
+
+        Requests claimed less than :data:`FRESH_S` ago are not asked about (no round trip
+        when none is older): no reclaim takes an entry that young, and one withdrawn that
+        soon is treated as withdrawn once it ran (run anyway, its reply dropped)."""
+        now = time.monotonic()
         by_stream: dict[str, list[bytes]] = {}
         for queued in requests:
-            by_stream.setdefault(self.stream_of(queued), []).append(queued.entry_id)
+            if now - queued.claimed_at >= FRESH_S:
+                by_stream.setdefault(self.stream_of(queued), []).append(queued.entry_id)
+        if not by_stream:
+            return list(requests)
         ours: set[tuple[str, bytes]] = set()
         for stream, ids in by_stream.items():
             ids.sort(key=entry_order)
@@ -139,7 +153,8 @@ class QueueReader:
                 consumername=self.consumer,
             )  # fmt: skip
             ours |= {(stream, p["message_id"]) for p in pending}
-        kept = [q for q in requests if (self.stream_of(q), q.entry_id) in ours]
+        kept = [q for q in requests
+                if now - q.claimed_at < FRESH_S or (self.stream_of(q), q.entry_id) in ours]
         if len(kept) < len(requests):
             logger.info("skipped %d requests withdrawn or taken over by another worker",
                         len(requests) - len(kept))  # fmt: skip

@@ -2,7 +2,8 @@
 
 The worker reads its model's Redis stream as a member of the consumer group
 :data:`naiad.keys.WORKER_GROUP` (XREADGROUP, blocking), forms dynamic batches per the
-config's ``dynamic_batching``, runs them in a thread so heartbeats keep flowing, and answers
+config's ``dynamic_batching``, runs them (in a thread so heartbeats keep flowing, unless the
+model is fast enough to run on the event loop: :meth:`Worker._inline`), and answers
 each request on its gateway's reply list, acknowledging and deleting the stream entry in the
 same pipeline. It exits after its model's idle timeout without requests (scale to zero) unless
 that would leave fewer live workers than the model's ``min_workers`` (:mod:`workers.scaling`),
@@ -21,6 +22,7 @@ import os
 import signal
 import time
 import uuid
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -49,6 +51,8 @@ logger = logging.getLogger(__name__)
 #: Longest time a worker whose versions left the policy keeps serving what was queued for
 #: them (it stops earlier at an empty queue or at the first request for a newer version).
 RETIRE_S = 10.0
+#: A batch expected to compute within this many seconds runs on the event loop (:meth:`Worker._inline`).
+INLINE_INFER_S = 0.001
 #: First and longest wait (seconds) before retrying after a Redis failure.
 REDIS_BACKOFF_S = (0.1, 2.0)
 
@@ -89,6 +93,8 @@ class Worker:
         self._retire_by: float | None = None  # versions changed: serve the old queue until then
         self.stopping = asyncio.Event()
         self._next_reclaim = 0.0
+        # each runner's last batch's compute_infer per row (ns)
+        self._infer_ns_per_row: weakref.WeakKeyDictionary[ModelRunner, float] = weakref.WeakKeyDictionary()
         self._generation: bytes | None = None
 
     async def run(self) -> int:
@@ -421,8 +427,12 @@ class Worker:
         names = runner.names([o.name for o in requests[0].outputs])
         t1 = time.perf_counter_ns()
         with tracing.span("naiad.backend", {"naiad.batch_rows": sum(sizes)}):
-            results = await asyncio.to_thread(runner.backend.infer, feed, names)
+            if self._inline(runner, sum(sizes)):
+                results = runner.backend.infer(feed, names)
+            else:
+                results = await asyncio.to_thread(runner.backend.infer, feed, names)
         t2 = time.perf_counter_ns()
+        self._infer_ns_per_row[runner] = (t2 - t1) / max(sum(sizes), 1)
         outputs = runner.restore(results, names, sum(sizes))
         parts = batching.split(outputs, sizes) if batched else [outputs]
         phases = {"compute_input": t1 - t0, "compute_infer": t2 - t1}
@@ -434,6 +444,14 @@ class Worker:
         queue_ns = [max(0, int((started_s - q.enqueued_at) * 1e9)) for q in group]
         finished_ms = int(time.time() * 1000)
         return payloads, stats.Execution(requests[0].version, sum(sizes), queue_ns, phases, finished_ms)
+
+    def _inline(self, runner: ModelRunner, rows: int) -> bool:
+        """Run this batch on the event loop, not in a thread: when the runner's last batch
+        says it takes under :data:`INLINE_INFER_S` (per row, times ``rows``). A thread
+        hand-off costs more than a sub-millisecond model; a slower one runs in a thread so
+        heartbeats keep flowing. Unknown (the first batch): a thread."""
+        per_row_ns = self._infer_ns_per_row.get(runner)
+        return per_row_ns is not None and per_row_ns * rows < INLINE_INFER_S * 1e9
 
     async def _reply(
         self, pairs: list[tuple[QueuedRequest, bytes]], runs: list[stats.Execution] | None = None
@@ -465,9 +483,12 @@ class Worker:
             for run in runs or []:
                 stats.add_execution(pipe, self.model, run)
             self._add_downloads(pipe)  # a version first asked for now, pulled lazily
+            by_list: dict[str, list[bytes]] = {}  # one element per gateway, replies in order
             for queued, payload in pairs:
-                pipe.rpush(queued.reply_to, payload)
-                pipe.expire(queued.reply_to, keys.REPLY_TTL_S)
+                by_list.setdefault(queued.reply_to, []).append(payload)
+            for reply_to, payloads in by_list.items():
+                pipe.rpush(reply_to, b"".join(payloads))  # naiad.codec.decode_replies
+                pipe.expire(reply_to, keys.REPLY_TTL_S)
             self.queue.acknowledge(pipe, [queued for queued, _ in pairs])
             await pipe.execute()
 

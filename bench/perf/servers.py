@@ -2,7 +2,9 @@
 
 Every server runs in a process group of its own (``start_new_session``), so :meth:`Server.stop`
 can end what it started — ``naiad serve``'s redis-server and workers, uvicorn's children — after
-a graceful SIGINT: nothing survives a scenario. Logs go to ``workdir/<name>.log``.
+a graceful SIGINT: nothing survives a scenario. Logs go to ``workdir/<name>.log`` (overwritten
+when a server of that name starts again there); :func:`run_folder` gives each scenario run its
+workdir, keeping the previous run's.
 
 - :func:`start_naiad`: ``naiad serve`` (embedded Redis) on a model repository;
 - :func:`start_floor`: ``bench/floor_server.py`` (ONNX Runtime in the handler, one request at
@@ -18,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -39,6 +42,18 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def run_folder(root: Path, name: str) -> Path:
+    """An empty ``root/name`` for one run's server logs and Naiad's cache. The previous run's
+    folder becomes ``name.prev`` and the one before it is removed, so a scenario keeps at most
+    two runs on disk however often it runs."""
+    folder, previous = root / name, root / f"{name}.prev"
+    shutil.rmtree(previous, ignore_errors=True)
+    if folder.exists():
+        folder.rename(previous)
+    folder.mkdir(parents=True)
+    return folder
 
 
 class ServerError(RuntimeError):

@@ -104,7 +104,7 @@ def test_auto_completed_config_is_served(server):
     config = client.get_model_config("identity_fp32")
     assert config["platform"] == "onnxruntime_onnx"
     assert config["max_batch_size"] == 4
-    assert config["input"][0]["dims"] == ["3"]
+    assert config["input"][0]["dims"] == [3]
     metadata = client.get_model_metadata("identity_fp32")
     assert metadata["inputs"][0]["shape"] == [-1, 3]
 

@@ -182,9 +182,12 @@ def test_model_ready(client):
 
 
 def test_model_config(client):
+    """Triton's HTTP config: 64-bit integers are JSON numbers, defaults are printed."""
     config = client.get_model_config("digits")
     assert config["name"] == "digits"
-    assert int(config["max_batch_size"]) == 64
+    assert config["max_batch_size"] == 64
+    assert config["input"][0]["dims"] == [64] and config["output"][1]["label_filename"] == ""
+    assert config["dynamic_batching"]["max_queue_delay_microseconds"] == 2000
     assert [i["name"] for i in config["input"]] == ["input"]
     assert [o["name"] for o in config["output"]] == ["probabilities", "label"]
     assert "dynamic_batching" in config

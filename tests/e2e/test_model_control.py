@@ -166,7 +166,7 @@ def test_explicit_load_with_config_override(naiad_server):
         config = triton.get_model_config("digits")
         config["dynamic_batching"]["max_queue_delay_microseconds"] = 1234
         triton.load_model("digits", config=json.dumps(config))
-        assert triton.get_model_config("digits")["dynamic_batching"]["max_queue_delay_microseconds"] == "1234"
+        assert triton.get_model_config("digits")["dynamic_batching"]["max_queue_delay_microseconds"] == 1234
         with pytest.raises(InferenceServerException, match="does not match"):
             triton.load_model("digits", config=json.dumps({**config, "name": "other"}))
         grpc_triton = grpcclient.InferenceServerClient(server.grpc_url)
@@ -174,7 +174,7 @@ def test_explicit_load_with_config_override(naiad_server):
             grpc_triton.load_model("digits", config=json.dumps(config), files={"file:1/model.onnx": b"x"})
         grpc_triton.close()
         triton.load_model("digits")  # back to config.pbtxt
-        assert triton.get_model_config("digits")["dynamic_batching"]["max_queue_delay_microseconds"] == "2000"
+        assert triton.get_model_config("digits")["dynamic_batching"]["max_queue_delay_microseconds"] == 2000
     finally:
         triton.close()
     assert infer_digits(server).shape == (2, 1)
@@ -209,7 +209,7 @@ def test_poll_mode_follows_the_local_repository(naiad_server, repository):
     triton = httpclient.InferenceServerClient(server.url)
     try:
         wait_for(lambda: triton.get_model_config("digits")["dynamic_batching"]
-                 ["max_queue_delay_microseconds"] == "3000", POLL_WAIT_S, "the changed config")
+                 ["max_queue_delay_microseconds"] == 3000, POLL_WAIT_S, "the changed config")
     finally:
         triton.close()
     wait_for(lambda: not worker.is_running() or worker.status() == "zombie", DRAIN_WAIT_S,

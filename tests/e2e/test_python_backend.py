@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -22,12 +23,37 @@ from tritonclient.utils import InferenceServerException
 MODELS = Path(__file__).parent / "python_models"
 
 
+#: ``digits_levels``: ``digits`` with two priority levels; level 2 rejects what waits 1 µs.
+LEVELS = """dynamic_batching {
+  priority_levels: 2
+  default_priority_level: 1
+  priority_queue_policy { key: 2 value { timeout_action: REJECT default_timeout_microseconds: 1 } }
+"""
+
+#: ``digits_via_ensemble``: an ensemble of one step, ``digits``.
+ENSEMBLE = """name: "digits_via_ensemble"
+platform: "ensemble"
+max_batch_size: 64
+input [ { name: "input" data_type: TYPE_FP32 dims: [ 64 ] } ]
+output [ { name: "label" data_type: TYPE_INT64 dims: [ 1 ] } ]
+ensemble_scheduling { step [ { model_name: "digits" model_version: -1
+  input_map { key: "input" value: "input" } output_map { key: "label" value: "label" } } ] }
+"""
+
+
 def build_repository(folder: Path, example_repository: Path, finalize_file: Path) -> Path:
-    """The test models, ``inspect_args`` told where ``finalize`` writes, and ``digits``."""
+    """The test models, ``inspect_args`` told where ``finalize`` writes, ``digits``,
+    ``digits_levels`` and ``digits_via_ensemble``."""
     shutil.copytree(MODELS, folder)
     config = folder / "inspect_args" / "config.pbtxt"
     config.write_text(config.read_text().replace("@FINALIZE_FILE@", str(finalize_file)))
     shutil.copytree(example_repository / "digits", folder / "digits")
+    shutil.copytree(example_repository / "digits", folder / "digits_levels")
+    config = folder / "digits_levels" / "config.pbtxt"
+    text = config.read_text().replace('name: "digits"', 'name: "digits_levels"')
+    config.write_text(text.replace("dynamic_batching {\n", LEVELS))
+    (folder / "digits_via_ensemble" / "1").mkdir(parents=True)
+    (folder / "digits_via_ensemble" / "config.pbtxt").write_text(ENSEMBLE)
     return folder
 
 
@@ -179,6 +205,37 @@ def test_bls_errors_come_back_in_the_response(client, digits_holdout, parameters
     x = np.ascontiguousarray(digits_holdout[0][:2])
     error = failure(lambda: client.infer("bls", [tensor("PIXELS", x, "FP32")], parameters=parameters))
     assert (error.status(), error.message()) == (status, message)
+
+
+def test_bls_is_queued_by_the_targets_priority_levels_and_policies(client, digits_onnx, digits_holdout):
+    """A BLS call waits at the priority level its ``priority`` parameter names, under that
+    level's queue policy, as a client's request does: level 2 of ``digits_levels`` rejects."""
+    x = np.ascontiguousarray(digits_holdout[0][:3])
+    pixels = [tensor("PIXELS", x, "FP32")]
+    expected = digits_onnx.run(["label"], {"input": x})[0]
+    served = client.infer("bls", pixels, parameters={"target": "digits_levels", "call_priority": 1})
+    np.testing.assert_array_equal(served.as_numpy("LABEL"), expected)
+    direct = failure(lambda: client.infer("digits_levels", [tensor("input", x, "FP32")], priority=2))
+    assert (direct.status(), direct.message()) == ("503", "Request timeout expired")
+    parameters = {"target": "digits_levels", "call_priority": 2}
+    error = failure(lambda: client.infer("bls", pixels, parameters=parameters))
+    assert (error.status(), error.message()) == ("503", "BLS failed: Request timeout expired")
+
+
+def test_bls_to_an_ensemble_fails_at_once(client, digits_holdout):
+    """Naiad runs ensembles in the gateway, so a BLS call to one answers UNSUPPORTED at once
+    (not after its timeout); the ensemble itself serves clients."""
+    x = np.ascontiguousarray(digits_holdout[0][:2])
+    assert client.infer("digits_via_ensemble", [tensor("input", x, "FP32")]).as_numpy("label").shape == (2, 1)
+    parameters = {"target": "digits_via_ensemble", "call_timeout": 20_000_000}
+    started = time.monotonic()
+    error = failure(lambda: client.infer("bls", [tensor("PIXELS", x, "FP32")], parameters=parameters))
+    assert time.monotonic() - started < 10
+    assert error.status() == "501"
+    assert error.message() == (
+        "BLS failed: BLS requests to ensemble models are not supported in Naiad: "
+        "call the composing models of 'digits_via_ensemble'"
+    )
 
 
 def test_async_bls_with_calls_in_flight(client, digits_onnx, digits_holdout):

@@ -7,7 +7,7 @@ from tritonclient.grpc import model_config_pb2
 from naiad.errors import ConfigError
 from repository_store import (
     backend_of,
-    config_to_json,
+    config_to_triton_json,
     default_model_filename,
     parse_config,
     select_versions,
@@ -147,11 +147,11 @@ def test_select_versions(policy: str, available: list[int], expected: list[int])
     assert select_versions(cfg_of(onnx_config("m", policy)), available) == expected
 
 
-def test_config_to_json_uses_proto_field_names() -> None:
+def test_config_json_uses_proto_field_names_and_numbers() -> None:
     text = onnx_config("m", "dynamic_batching { max_queue_delay_microseconds: 100 }")
-    data = config_to_json(cfg_of(text))
+    data = config_to_triton_json(cfg_of(text))
     assert data["name"] == "m"
     assert data["max_batch_size"] == 8
     assert data["input"][0]["data_type"] == "TYPE_FP32"
-    assert data["input"][0]["dims"] == ["4"]
-    assert data["dynamic_batching"]["max_queue_delay_microseconds"] == "100"
+    assert data["input"][0]["dims"] == [4]
+    assert data["dynamic_batching"]["max_queue_delay_microseconds"] == 100

@@ -3,6 +3,7 @@ loaded by :mod:`workers.backends.python` and run through ``execute_requests``.""
 
 from __future__ import annotations
 
+import sys
 import textwrap
 from http import HTTPStatus
 from pathlib import Path
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 import triton_python_backend_utils as pb_utils
-from naiad.errors import InferenceFailed, ModelNotReady, NaiadError
+from naiad.errors import InferenceFailed, ModelNotReady, NaiadError, Unsupported
 from naiad.inference import InferRequest, RequestedOutput, Tensor
 from repository_store import LocalStore, index_repository, parse_config
 from workers.backends import load_backend
@@ -153,6 +154,16 @@ def test_default_model_filename_is_honoured(tmp_path):
 def test_a_model_that_cannot_load(tmp_path, source, message):
     with pytest.raises(ModelNotReady, match=message.replace("(", r"\(").replace(")", r"\)")):
         load(write_model(tmp_path, "m", source))
+
+
+def test_a_backend_module_that_does_not_import_is_unsupported(tmp_path, monkeypatch):
+    """The python backend has no pip extra: the error says so instead of a KeyError."""
+    folder = write_model(tmp_path, "m", "class TritonPythonModel:\n    pass\n")
+    monkeypatch.setitem(sys.modules, "workers.backends.python", None)  # its import fails
+    with pytest.raises(Unsupported) as caught:
+        load(folder)
+    assert caught.value.message.startswith("backend 'python' is not installed in this worker (import of ")
+    assert caught.value.message.endswith("; it ships with naiad: reinstall naiad)")
 
 
 def test_auto_complete_config_failure_makes_the_model_unavailable(tmp_path):

@@ -5,6 +5,7 @@ the errors of a model that disagrees with its config. Real TorchScript files, sc
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 from pathlib import Path
 
@@ -213,3 +214,16 @@ def test_not_torchscript_does_not_load(tmp_path: Path) -> None:
         load_backend(tmp_path / "1", config(io("input", ["x"]) + io("output", ["y"])), "cpu")
     with pytest.raises(ModelNotReady, match="unable to load model 'm' version 2"):
         load_backend(tmp_path / "2", config(io("input", ["x"]) + io("output", ["y"])), "cpu")
+
+
+def test_thread_counts_from_triton_parameters(tmp_path: Path) -> None:
+    version = save(AddSub(), tmp_path)
+    before = torch.get_num_threads()
+    try:
+        text = 'parameters { key: "INTRA_OP_THREAD_COUNT" value: { string_value: "1" } }\n' + ADD
+        load_backend(version, config(text), "cpu")
+        assert torch.get_num_threads() == 1
+        load_backend(version, config(ADD), "cpu")
+        assert torch.get_num_threads() == len(os.sched_getaffinity(0))
+    finally:
+        torch.set_num_threads(before)

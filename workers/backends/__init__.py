@@ -63,7 +63,7 @@ def load_backend(version_dir: Path, config: mc.ModelConfig, device: str) -> Back
         module = importlib.import_module(_MODULES[name])
     except ImportError as exc:
         raise Unsupported(f"backend '{name}' is not installed in this worker ({exc}; "
-                          f"pip install 'naiad[{_EXTRAS[name]}]')") from None  # fmt: skip
+                          f"{_install_hint(name)})") from None  # fmt: skip
     try:
         return module.load(version_dir, config, device)
     except NaiadError:
@@ -71,6 +71,13 @@ def load_backend(version_dir: Path, config: mc.ModelConfig, device: str) -> Back
     except Exception as exc:  # the framework's own errors, whatever their class
         raise ModelNotReady(f"unable to load model '{config.name}' version {version_dir.name} "
                             f"({name}): {exc}") from exc  # fmt: skip
+
+
+def _install_hint(name: str) -> str:
+    """How to install backend ``name``: its pip extra, or naiad itself for a backend that
+    needs no framework (``python``)."""
+    extra = _EXTRAS.get(name)
+    return f"pip install 'naiad[{extra}]'" if extra else "it ships with naiad: reinstall naiad"
 
 
 def prepare(names: Sequence[str] = ("onnxruntime",)) -> list[str]:

@@ -124,7 +124,8 @@ def configure_threads(config: mc.ModelConfig) -> None:
             logger.warning("ignoring %s=%r: not an integer", key, value)
             return default
 
-    torch.set_num_threads(parameter("INTRA_OP_THREAD_COUNT", len(os.sched_getaffinity(0))))
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    torch.set_num_threads(parameter("INTRA_OP_THREAD_COUNT", usable))
     try:
         torch.set_num_interop_threads(parameter("INTER_OP_THREAD_COUNT", 1))
     except RuntimeError:  # settable once per process: a second version keeps the first's

@@ -1,5 +1,7 @@
 """Business Logic Scripting: classifies PIXELS by calling another model (``digits``
-unless the request's parameter ``target`` names another one) and passes on its error."""
+unless the request's parameter ``target`` names another one) and passes on its error. The
+request's parameters ``call_priority`` and ``call_timeout`` (µs) become the call's
+``priority`` parameter and ``timeout``."""
 
 import json
 
@@ -17,6 +19,8 @@ class TritonPythonModel:
                 model_version=int(parameters.get("version", -1)),
                 requested_output_names=["label"],
                 inputs=[pb_utils.Tensor("input", pixels.as_numpy())],
+                timeout=int(parameters.get("call_timeout", 0)),
+                parameters={"priority": parameters["call_priority"]} if "call_priority" in parameters else {},
             )
             response = call.exec()
             if response.has_error():
