@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError
 
 from gateway.classification import classify
@@ -39,6 +40,7 @@ from naiad.errors import (
 )
 from naiad.inference import InferRequest, InferResponse
 from naiad.queue_policy import Placement
+from naiad.stats_writer import StatsWriter
 from repository_store import ModelEntry, backend_of, config_to_triton_json, parse_config_json
 from repository_store.ensemble import is_ensemble
 
@@ -97,6 +99,7 @@ class DataPlane:
         self.request_timeout_s = request_timeout_s
         self.model_control_mode = model_control_mode
         self.ensembles = EnsembleScheduler(self.resolve, self._serve, redis)  # steps: _serve
+        self.stats_writer = StatsWriter(redis)
 
     @contextlib.contextmanager
     def admit(self) -> Iterator[None]:
@@ -283,6 +286,8 @@ class DataPlane:
         try:
             response = await self._answer(entry, request, timeout_s, trace)
         except (Exception, asyncio.CancelledError) as exc:  # cancelled: the client went away
+            if isinstance(exc, ModelNotReady):  # its load failed in a worker, now in the registry
+                self.registry.expire()
             await self._record(request, False, started_ns, trace, stats.failure_reason(exc))
             raise
         await self._record(request, True, started_ns, trace)
@@ -325,12 +330,14 @@ class DataPlane:
         """Add one request's outcome (a failure with Triton's ``reason``) to its model's
         statistics; never fails the request."""
         duration_ns, now_ms = time.perf_counter_ns() - started_ns, int(time.time() * 1000)
+
+        def add(pipe: Pipeline) -> None:
+            stats.add_request(pipe, request.model, request.version, ok, duration_ns, now_ms, reason)
+            if trace is not None and trace.used:
+                stats.add_cache(pipe, request.model, request.version, trace.hit, trace.ns)
+
         try:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                stats.add_request(pipe, request.model, request.version, ok, duration_ns, now_ms, reason)
-                if trace is not None and trace.used:
-                    stats.add_cache(pipe, request.model, request.version, trace.hit, trace.ns)
-                await pipe.execute()
+            await self.stats_writer.record(add)  # with those of requests finishing meanwhile
         except RedisError as exc:
             logger.warning("statistics of model '%s' not recorded: %s", request.model, exc)
 

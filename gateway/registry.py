@@ -13,6 +13,12 @@ get an ``UNAVAILABLE`` "unloaded" entry); :meth:`ModelRegistry.poll` re-indexes 
 only the entries that changed; :meth:`ModelRegistry.load` and :meth:`ModelRegistry.unload`
 change one entry.
 
+A worker whose load of a READY entry fails in the model (backend error, failing warmup)
+replaces that entry with an UNAVAILABLE one carrying the load error
+(:mod:`workers.load_failure`). It stays so until the model is indexed again: :meth:`load`,
+or in poll mode a change of its files (a poll whose fingerprints did not change re-indexes
+nothing, so it never flips the model back by itself), or a full :meth:`index`.
+
 Ensembles: Redis holds each model's own entry; the local copy is that with
 :func:`repository_store.resolve_ensembles` applied, so an ensemble is READY only while its
 composing models are (every gateway derives the same from the same entries). In explicit
@@ -233,6 +239,12 @@ class ModelRegistry:
                 return
             logger.warning("the registry is gone from Redis (restarted empty?): indexing again")
             await self.start(*self._start_args)
+
+    def expire(self) -> None:
+        """Make the next :meth:`get` check the generation at once: a worker answered that
+        its model failed to load, and it marks the registry before answering
+        (:mod:`workers.load_failure`), so the next ``ready`` here says false."""
+        self._synced_at = float("-inf")
 
     async def get(self, name: str) -> ModelEntry:
         if time.monotonic() - self._synced_at >= SYNC_INTERVAL_S:

@@ -49,7 +49,7 @@ class QueuedRequest:
     level: int = 0
     """The priority level of the stream it was read from (set by the reader, not sent)."""
     claimed_at: float = 0.0
-    """``time.monotonic()`` when this worker claimed it (set by the reader, not sent)."""
+    """``time.monotonic()`` when the read that claimed it was sent (set by the reader)."""
 
     @property
     def request_id(self) -> str:
@@ -186,12 +186,15 @@ def decode_replies(payload: bytes) -> list[Reply]:
     concatenated, as a worker pushes every reply of a batch for one gateway (one is the
     plain case). Raises :class:`InvalidInput` if any is malformed."""
     unpacker = msgpack.Unpacker(max_buffer_size=max(len(payload), 1))
+    replies, end = [], 0
     try:
         unpacker.feed(payload)
-        replies = [_reply_of(value) for value in unpacker]
+        for value in unpacker:
+            replies.append(_reply_of(value))
+            end = unpacker.tell()  # after a whole value (a cut one still advances tell())
     except (ValueError, msgpack.UnpackException) as exc:
         raise InvalidInput(f"malformed reply message: {exc}") from exc
-    if not replies or unpacker.tell() != len(payload):
+    if not replies or end != len(payload):
         raise InvalidInput("malformed reply message: truncated")
     return replies
 

@@ -78,18 +78,28 @@ class Execution:
     finished_ms: int
 
 
-#: HINCRBY of hash KEYS[1] for each (field, increment) pair in ARGV[3..], then, when ARGV[1]
-#: is not empty, HSET field ARGV[1] to ARGV[2]: a batch's counters as one command (sent as
-#: EVAL, which a pipeline sends as is, with no SCRIPT EXISTS first; Redis caches the script).
+#: On hash KEYS[1]: HSET the first ARGV[1] (field, value) pairs of ARGV[2..], then HINCRBY
+#: each (field, increment) pair after them: many counters as one command (sent as EVAL,
+#: which a pipeline sends as is, with no SCRIPT EXISTS first; Redis caches the script).
 HINCRBY_MANY = """
-for i = 3, #ARGV, 2 do
-  redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1])
+local sets = tonumber(ARGV[1])
+for i = 2, 2 * sets, 2 do
+  redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
 end
-if ARGV[1] ~= '' then
-  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+for i = 2 * sets + 2, #ARGV, 2 do
+  redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1])
 end
 return 0
 """
+
+
+def add_counters(pipe: Pipeline, key: str, increments: dict[str, int], values: dict[str, int]) -> None:
+    """Queue on ``pipe`` one command (:data:`HINCRBY_MANY`) setting ``values`` and adding
+    ``increments`` to fields of hash ``key``."""
+    args: list[str | int] = [len(values)]
+    for name, value in (*values.items(), *increments.items()):
+        args += [name, value]
+    pipe.eval(HINCRBY_MANY, 1, key, *args)
 
 
 def _incr(pipe: Pipeline, key: str, prefix: str, kind: str, count: int, ns: int) -> None:
@@ -102,14 +112,13 @@ def add_execution(pipe: Pipeline, model: str, run: Execution) -> None:
     command (:data:`HINCRBY_MANY`)."""
     v = f"{run.version}:"
     requests, batch = len(run.queue_ns), f"{v}batch:{run.rows}:"
-    args: list[str | int] = [f"{v}last_inference_ms", run.finished_ms, f"{v}execution_count", 1,
-                             f"{v}inference_count", run.rows, f"{v}queue_count", requests,
-                             f"{v}queue_ns", sum(run.queue_ns)]  # fmt: skip
+    counts = {f"{v}execution_count": 1, f"{v}inference_count": run.rows,
+              f"{v}queue_count": requests, f"{v}queue_ns": sum(run.queue_ns)}  # fmt: skip
     for phase in PHASES:
         ns = run.phases_ns.get(phase, 0)
-        args += [f"{v}{phase}_count", requests, f"{v}{phase}_ns", ns * requests,
-                 f"{batch}{phase}_count", 1, f"{batch}{phase}_ns", ns]  # fmt: skip
-    pipe.eval(HINCRBY_MANY, 1, keys.stats(model), *args)
+        counts |= {f"{v}{phase}_count": requests, f"{v}{phase}_ns": ns * requests,
+                   f"{batch}{phase}_count": 1, f"{batch}{phase}_ns": ns}  # fmt: skip
+    add_counters(pipe, keys.stats(model), counts, {f"{v}last_inference_ms": run.finished_ms})
 
 
 def add_request(

@@ -53,6 +53,14 @@ class ModelEntry:
     def ready(self) -> bool:
         return self.state == READY
 
+    def load_failed(self, reason: str) -> ModelEntry:
+        """This entry UNAVAILABLE with ``reason``: a worker could not load it (the backend's
+        error, a failing ``model_warmup`` sample). Config and versions stay, so the index
+        still names the version tried; the next load, or changed files in poll mode, index
+        the model afresh (Triton: a model whose load failed stays UNAVAILABLE until loaded
+        again, model_management.md)."""
+        return replace(self, state=UNAVAILABLE, reason=reason)
+
     def to_bytes(self) -> bytes:
         """msgpack encoding; the config travels as its protobuf wire bytes."""
         return msgpack.packb(

@@ -44,9 +44,10 @@ return out
 """
 
 
-#: Seconds after its claim during which an entry counts as still this worker's without
-#: asking Redis (:meth:`QueueReader.still_ours`); far below any reclaim idle time.
-FRESH_S = 0.005
+#: Seconds after the read that claimed it during which an entry counts as still this
+#: worker's without asking Redis (:meth:`QueueReader.still_ours`); far below any reclaim's
+#: idle time (a heartbeat period), above a batching delay plus a fast model's batch.
+FRESH_S = 0.05
 
 
 class QueueReader:
@@ -86,17 +87,19 @@ class QueueReader:
             return []
         if len(self.streams) == 1:
             return await self._read_blocking(count, block_ms)
+        sent = time.monotonic()
         found = await self._read(keys=self.streams, args=[keys.WORKER_GROUP, self.consumer, count])
         requests = []
         for index, entries in found or []:
             for entry_id, flat in entries:
                 fields = dict(zip(flat[::2], flat[1::2], strict=True))
-                requests.append(await self._decode(entry_id, fields, self._level(index - 1)))
+                requests.append(await self._decode(entry_id, fields, self._level(index - 1), sent))
         if not requests and block_ms is not None:
             return await self._read_blocking(count, block_ms)
         return [r for r in requests if r is not None]
 
     async def _read_blocking(self, count: int, block_ms: int | None) -> list[QueuedRequest]:
+        sent = time.monotonic()
         response = await self.redis.xreadgroup(
             keys.WORKER_GROUP, self.consumer, dict.fromkeys(self.streams, ">"), count=count, block=block_ms
         )
@@ -104,10 +107,10 @@ class QueueReader:
         for stream, entries in response or []:
             level = self._level(self.streams.index(stream.decode() if isinstance(stream, bytes) else stream))
             for entry_id, fields in entries:
-                requests.append(await self._decode(entry_id, fields, level))
+                requests.append(await self._decode(entry_id, fields, level, sent))
         return [r for r in requests if r is not None]
 
-    async def _decode(self, entry_id: bytes, fields: dict, level: int) -> QueuedRequest | None:
+    async def _decode(self, entry_id: bytes, fields: dict, level: int, sent: float) -> QueuedRequest | None:
         try:
             queued = decode_request(self.model, fields, entry_id)
         except NaiadError:
@@ -116,7 +119,7 @@ class QueueReader:
             await self.redis.xack(stream, keys.WORKER_GROUP, entry_id)
             await self.redis.xdel(stream, entry_id)
             return None
-        queued.level, queued.claimed_at = level, time.monotonic()
+        queued.level, queued.claimed_at = level, sent
         return queued
 
     async def reclaim(self, min_idle_ms: int) -> list[QueuedRequest]:
@@ -124,24 +127,29 @@ class QueueReader:
         (:func:`workers.reclaim.reclaim_orphans`)."""
         requests = []
         for index, stream in enumerate(self.streams):
+            sent = time.monotonic()
             found = await reclaim.reclaim_orphans(self.redis, self.model, self.consumer, min_idle_ms, stream)
             for entry_id, fields in found:
-                requests.append(await self._decode(entry_id, fields, self._level(index)))
+                requests.append(await self._decode(entry_id, fields, self._level(index), sent))
         return [r for r in requests if r is not None]
 
-    async def still_ours(self, requests: Sequence[QueuedRequest]) -> list[QueuedRequest]:
+    async def still_ours(
+        self, requests: Sequence[QueuedRequest], fresh_s: float = 0.0
+    ) -> list[QueuedRequest]:
         """The requests still pending for this consumer, by one ``XPENDING`` over their id
         range per stream. One withdrawn by its gateway (the client went away, its deadline
         passed) or taken over by another worker (this one was frozen past the reclaim time)
         is not: it is neither run nor answered here.
 
-        Requests claimed less than :data:`FRESH_S` ago are not asked about (no round trip
-        when none is older): no reclaim takes an entry that young, and one withdrawn that
-        soon is treated as withdrawn once it ran (run anyway, its reply dropped)."""
+        With ``fresh_s`` (the worker passes :data:`FRESH_S`), requests claimed by a read
+        sent less than that many seconds ago are not asked about (no round trip when none
+        is older): no reclaim takes an entry that young, and one withdrawn that soon counts
+        as withdrawn once running (run anyway, its reply dropped). A worker frozen or slowed
+        past that (a long batch before) asks."""
         now = time.monotonic()
         by_stream: dict[str, list[bytes]] = {}
         for queued in requests:
-            if now - queued.claimed_at >= FRESH_S:
+            if now - queued.claimed_at >= fresh_s:
                 by_stream.setdefault(self.stream_of(queued), []).append(queued.entry_id)
         if not by_stream:
             return list(requests)
@@ -154,7 +162,7 @@ class QueueReader:
             )  # fmt: skip
             ours |= {(stream, p["message_id"]) for p in pending}
         kept = [q for q in requests
-                if now - q.claimed_at < FRESH_S or (self.stream_of(q), q.entry_id) in ours]
+                if now - q.claimed_at < fresh_s or (self.stream_of(q), q.entry_id) in ours]
         if len(kept) < len(requests):
             logger.info("skipped %d requests withdrawn or taken over by another worker",
                         len(requests) - len(kept))  # fmt: skip

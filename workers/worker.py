@@ -10,7 +10,9 @@ that would leave fewer live workers than the model's ``min_workers`` (:mod:`work
 and on SIGTERM it stops claiming, finishes what it claimed, then exits (drain). When the
 registry stops serving what it loaded (unload, changed config, a new version), it drains the
 same way; a request it claimed for a version it did not load goes back to the stream for its
-successor.
+successor. A load that fails in the model itself (backend error, failing warmup) marks the
+model UNAVAILABLE in the registry with the reason (:mod:`workers.load_failure`), then the
+worker answers what waits with it and exits 2.
 """
 
 from __future__ import annotations
@@ -40,11 +42,11 @@ from naiad.inference import Tensor
 from naiad.redis_client import connect
 from naiad.settings import Settings
 from repository_store import ModelEntry, RepositoryStore
-from workers import batching, bls, request_level, scaling
+from workers import batching, bls, load_failure, request_level, scaling
 from workers.batcher import Batcher, BatchPolicy
 from workers.loader import VersionLoad, VersionLoader
 from workers.model import ModelRunner
-from workers.queue_reader import QueueReader
+from workers.queue_reader import FRESH_S, QueueReader
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +98,7 @@ class Worker:
         # each runner's last batch's compute_infer per row (ns)
         self._infer_ns_per_row: weakref.WeakKeyDictionary[ModelRunner, float] = weakref.WeakKeyDictionary()
         self._generation: bytes | None = None
+        self._registered_raw: bytes | None = None  # the registry entry as last read
 
     async def run(self) -> int:
         self._marks["start"] = time.time()
@@ -119,8 +122,10 @@ class Worker:
             await self.redis.aclose()
 
     async def _load_and_serve(self) -> int:
+        tried: bytes | None = None  # the READY registry entry this worker loads, as read
         try:
             registered = await self._registered()
+            tried = self._registered_raw if registered is not None and registered.ready else None
             self._marks["registry"] = time.time()
             if registered is not None and registered.config is not None:  # its priority levels
                 self.queue.configure(queue_policy.priority_levels(registered.config))
@@ -128,6 +133,8 @@ class Worker:
             entry = await self.loader.start(registered)
         except NaiadError as exc:
             logger.error("model '%s' cannot be served: %s", self.model, exc.message)
+            if tried is not None and load_failure.is_model_fault(exc):
+                await self._mark_unavailable(tried, exc)
             await self._fail_backlog(exc)
             return 2
         self.policy = BatchPolicy.from_config(entry.config)
@@ -181,8 +188,20 @@ class Worker:
     async def _registered(self) -> ModelEntry | None:
         """The model's registry entry (None if it has none), noting the generation first."""
         self._generation = await self.redis.get(keys.REGISTRY_GENERATION)
-        raw = await self.redis.hget(keys.REGISTRY, self.model)
+        raw = self._registered_raw = await self.redis.hget(keys.REGISTRY, self.model)
         return ModelEntry.from_bytes(raw) if raw else None
+
+    async def _mark_unavailable(self, tried: bytes, error: NaiadError) -> None:
+        """The load of registry entry ``tried`` failed in the model: mark it UNAVAILABLE with
+        the reason (:mod:`workers.load_failure`) before answering the backlog, so a gateway
+        that gets the answer already finds the model not ready. A Redis failure is logged."""
+        try:
+            if await load_failure.mark_unavailable(self.redis, tried, error.message):
+                logger.warning("model '%s' marked UNAVAILABLE until it is loaded again", self.model)
+            else:
+                logger.info("model '%s' changed in the registry meanwhile: not marked", self.model)
+        except RedisError as exc:
+            logger.warning("model '%s' not marked UNAVAILABLE: %s", self.model, exc)
 
     async def _outdated(self) -> bool:
         """True when the registry changed (one GET per heartbeat when it did not) and no
@@ -358,7 +377,7 @@ class Worker:
         """Run ``batch`` and answer it, with ``rejected`` (:class:`QueueTimeout`) and what
         expired in the queue (:class:`DeadlineExceeded`), in arrival order, in one pipeline.
         Requests no longer this worker's (:meth:`QueueReader.still_ours`) are skipped."""
-        requests = await self.queue.still_ours([*batch, *rejected])
+        requests = await self.queue.still_ours([*batch, *rejected], FRESH_S)
         if not requests:
             return
         turned_away, now = {id(r) for r in rejected}, time.time()

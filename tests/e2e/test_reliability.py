@@ -307,6 +307,8 @@ def test_cached_models_serve_while_the_object_store_is_down(
         assert response.status_code == 503, response.text
         assert "could not be pulled" in response.json()["error"] and "3 attempts" in response.json()["error"]
         assert "attempt 2 of 3" in server.log()
+        # transient, not a fault of the model: it stays READY (workers/load_failure.py)
+        assert requests.get(f"{server.http}/v2/models/digits_copy/ready", timeout=10).status_code == 200
     finally:
         moto.terminate()
         moto.wait(10)

@@ -253,6 +253,22 @@ def test_decode_request_malformed_raises_invalid_input(fields):
 def test_decode_reply_malformed_raises_invalid_input(payload):
     with pytest.raises(InvalidInput):
         codec.decode_reply(payload)
+    with pytest.raises(InvalidInput):
+        codec.decode_replies(payload)
+
+
+def test_replies_of_one_batch_travel_as_one_element():
+    """A worker concatenates a batch's replies for one gateway; they come back in order,
+    and a truncated element is refused whole."""
+    outputs = all_tensors()
+    replies = [codec.Reply("a", outputs), codec.Reply("b", error=DeadlineExceeded("late")), codec.Reply("c")]
+    payload = b"".join(codec.encode_reply(r) for r in replies)
+    back = codec.decode_replies(payload)
+    assert [r.queue_id for r in back] == ["a", "b", "c"]
+    assert_tensors_equal(back[0].outputs, outputs)
+    assert isinstance(back[1].error, DeadlineExceeded) and back[2].outputs == []
+    with pytest.raises(InvalidInput):
+        codec.decode_replies(payload[:-1])
 
 
 @settings(max_examples=200, deadline=None)

@@ -101,3 +101,45 @@ def test_two_readers_agree_and_grpc_message_carries_the_same_numbers(redis_url):
     assert got.inference_stats.success.count == 3 and got.inference_stats.success.ns == 600
     assert [b.batch_size for b in got.batch_stats] == [1, 3]
     assert got.batch_stats[1].compute_infer.ns == 7
+
+
+def _adds(model: str) -> list:
+    """Counters of two batches and four requests of ``model``, each a pipeline filler."""
+    runs = [stats.Execution(1, 3, [10, 20], _phases(5, 7, 11), 1000),
+            stats.Execution(1, 1, [30], _phases(1, 2, 3), 2000)]
+    return [
+        *(lambda p, run=run: stats.add_execution(p, model, run) for run in runs),
+        *(lambda p, ns=ns: stats.add_request(p, model, 1, True, ns, 1000) for ns in (100, 200, 300)),
+        lambda p: stats.add_request(p, model, 1, False, 50, 2500, "BACKEND"),
+    ]
+
+
+def test_stats_writer_groups_concurrent_requests_into_the_same_counters(redis_url: str) -> None:
+    """Counters recorded concurrently through :class:`StatsWriter` (grouped, summed per
+    field) read back exactly as the same counters sent one pipeline each."""
+    from naiad.stats_writer import StatsWriter  # noqa: PLC0415
+
+    async def grouped() -> None:
+        redis = connect(redis_url)
+        try:
+            writer = StatsWriter(redis)
+            await asyncio.gather(*(writer.record(add) for add in _adds("g")))
+        finally:
+            await redis.aclose()
+
+    async def one_by_one() -> None:
+        redis = connect(redis_url)
+        try:
+            for add in _adds("o"):
+                async with redis.pipeline(transaction=False) as pipe:
+                    add(pipe)
+                    await pipe.execute()
+        finally:
+            await redis.aclose()
+
+    asyncio.run(grouped())
+    asyncio.run(one_by_one())
+    (g,), (o,) = asyncio.run(_read(redis_url, [("g", [1])])), asyncio.run(_read(redis_url, [("o", [1])]))
+    assert g["inference_stats"]["success"] == {"count": 3, "ns": 600}
+    assert g["execution_count"] == 2 and g["inference_stats"]["fail"] == {"count": 1, "ns": 50}
+    assert {**g, "name": "o"} == o

@@ -130,3 +130,21 @@ def test_hand_back_keeps_the_level(redis_url: str) -> None:
         assert [(value(q), q.level) for q in again] == [(4, 3)]
 
     run(redis_url, scenario)
+
+
+def test_fresh_claims_are_not_asked_about(redis_url: str) -> None:
+    """With ``fresh_s``, entries claimed by a read sent less than that ago count as ours
+    without a round trip (withdrawn or not); older claims are asked about again."""
+
+    async def scenario(reader: QueueReader, redis) -> None:
+        low = keys.request_stream(MODEL, 2)
+        withdrawn = await redis.xadd(low, fields(1))
+        await redis.xadd(low, fields(2))
+        claimed = await reader.read(10, None)
+        await redis.xack(low, keys.WORKER_GROUP, withdrawn)
+        await redis.xdel(low, withdrawn)
+        assert sorted(value(q) for q in await reader.still_ours(claimed, fresh_s=60)) == [1, 2]
+        await asyncio.sleep(0.05)
+        assert [value(q) for q in await reader.still_ours(claimed, fresh_s=0.01)] == [2]
+
+    run(redis_url, scenario)
