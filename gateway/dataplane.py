@@ -288,9 +288,9 @@ class DataPlane:
         except (Exception, asyncio.CancelledError) as exc:  # cancelled: the client went away
             if isinstance(exc, ModelNotReady):  # its load failed in a worker, now in the registry
                 self.registry.expire()
-            await self._record(request, False, started_ns, trace, stats.failure_reason(exc))
+            self._record(request, False, started_ns, trace, stats.failure_reason(exc))
             raise
-        await self._record(request, True, started_ns, trace)
+        self._record(request, True, started_ns, trace)
         return response
 
     async def _answer(
@@ -319,7 +319,7 @@ class DataPlane:
             ]
         return response
 
-    async def _record(
+    def _record(
         self,
         request: InferRequest,
         ok: bool,
@@ -328,7 +328,8 @@ class DataPlane:
         reason: str = "OTHER",
     ) -> None:
         """Add one request's outcome (a failure with Triton's ``reason``) to its model's
-        statistics; never fails the request."""
+        statistics, written in the background with those of requests finishing meanwhile
+        (:class:`StatsWriter`; readers flush first); never fails or delays the request."""
         duration_ns, now_ms = time.perf_counter_ns() - started_ns, int(time.time() * 1000)
 
         def add(pipe: Pipeline) -> None:
@@ -336,10 +337,7 @@ class DataPlane:
             if trace is not None and trace.used:
                 stats.add_cache(pipe, request.model, request.version, trace.hit, trace.ns)
 
-        try:
-            await self.stats_writer.record(add)  # with those of requests finishing meanwhile
-        except RedisError as exc:
-            logger.warning("statistics of model '%s' not recorded: %s", request.model, exc)
+        self.stats_writer.add(add)
 
     async def model_statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
         """Triton's statistics extension: ``{"model_stats": [...]}`` for ``version`` of
@@ -351,6 +349,7 @@ class DataPlane:
         else:
             await self.registry.sync()
             wanted = [(e.name, sorted(e.versions)) for e in self.registry.entries() if e.state == "READY"]
+        await self.stats_writer.flush()  # this gateway's answered requests count
         try:
             return {"model_stats": await stats.read(self.redis, wanted)}
         except RedisError as exc:

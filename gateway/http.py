@@ -226,6 +226,7 @@ async def repository_unload(request: web.Request) -> web.Response:
 async def status_page(request: web.Request) -> web.Response:
     """``GET /``: the read-only HTML status page (:mod:`gateway.status_page`)."""
     try:
+        await _dp(request).stats_writer.flush()
         snapshot = await status_snapshot(_dp(request).redis)
     except RedisError as exc:
         raise Unavailable(f"status unavailable: {exc}") from None

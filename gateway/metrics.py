@@ -26,7 +26,7 @@ samples have. Build counters with :func:`counter` (samples named as the family).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -231,6 +231,8 @@ class SnapshotCollector(Collector):
 
 SNAPSHOT = web.AppKey("snapshot", SnapshotCollector)
 PROM = web.AppKey("prometheus", CollectorRegistry)
+#: Awaited before each scrape: :meth:`naiad.stats_writer.StatsWriter.flush` of the gateway's statistics.
+FLUSH = web.AppKey("flush", Callable[[], Awaitable[None]])
 
 
 class _One(Collector):
@@ -256,8 +258,13 @@ def render(registry: CollectorRegistry) -> bytes:
     return b"".join(parts)
 
 
+async def _nothing() -> None:
+    return None
+
+
 async def metrics(request: web.Request) -> web.Response:
     registry = request.app[REGISTRY_KEY]
+    await request.app[FLUSH]()
     await registry.sync()
     entries = registry.entries()
     models = [(entry.name, sorted(entry.versions)) for entry in entries]
@@ -267,9 +274,14 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-def create_metrics_app(registry: ModelRegistry, access: AccessPolicy | None = None) -> web.Application:
+def create_metrics_app(
+    registry: ModelRegistry,
+    access: AccessPolicy | None = None,
+    flush: Callable[[], Awaitable[None]] | None = None,
+) -> web.Application:
     """The metrics port's app; ``access`` restricts ``/metrics`` (API group ``metrics``),
-    a refusal being a JSON 401 as on the HTTP port."""
+    a refusal being a JSON 401 as on the HTTP port; ``flush``: awaited before each scrape
+    (the gateway's pending statistics writes)."""
     from gateway.http import access_middleware, error_middleware  # noqa: PLC0415
 
     middlewares = [error_middleware, access_middleware(access)] if access else []
@@ -278,5 +290,6 @@ def create_metrics_app(registry: ModelRegistry, access: AccessPolicy | None = No
     prom = CollectorRegistry()
     prom.register(snapshot)
     app[REGISTRY_KEY], app[SNAPSHOT], app[PROM] = registry, snapshot, prom
+    app[FLUSH] = flush or _nothing
     app.add_routes([web.get("/metrics", metrics)])
     return app

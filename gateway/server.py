@@ -121,9 +121,12 @@ async def run_gateway(settings: Settings, redis_url: str, stop: asyncio.Event) -
             redis, registry, dispatcher, settings.request_timeout_s, settings.model_control_mode,
             cache=cache, max_queue_size=settings.max_queue_size, max_inflight=settings.max_inflight,
         )
+        stack.push_async_callback(dataplane.stats_writer.flush)  # after the endpoints closed
         await stack.enter_async_context(_endpoints(settings, dataplane))
         # /metrics is the 'metrics' API group of --http-restricted-api.
-        metrics = create_metrics_app(registry, AccessPolicy(settings.http_restricted_api))
+        metrics = create_metrics_app(
+            registry, AccessPolicy(settings.http_restricted_api), dataplane.stats_writer.flush
+        )
         metrics_host = settings.metrics_address or settings.http_host
         await stack.enter_async_context(_site(metrics, metrics_host, settings.metrics_port))
         logger.info(

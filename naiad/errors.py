@@ -130,6 +130,7 @@ GRPC_CODES: dict[type[NaiadError], str] = {
     ModelNotReady: "UNAVAILABLE",
     Unavailable: "UNAVAILABLE",
     Overloaded: "UNAVAILABLE",
+    QueueTimeout: "UNAVAILABLE",
     DeadlineExceeded: "DEADLINE_EXCEEDED",
     Unsupported: "UNIMPLEMENTED",
     PayloadTooLarge: "RESOURCE_EXHAUSTED",

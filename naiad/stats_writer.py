@@ -1,21 +1,27 @@
 """Group commit of statistics: the counters of requests that finish together, in one pipeline.
 
-Each finished request adds its counters (:mod:`naiad.stats`) and waits until they are in
-Redis, so a client that has its answer sees them in the statistics extension, as before. A
-request that finishes while a write is in flight joins the next one: under load, one
-pipeline (one round trip) carries the counters of every request that finished meanwhile,
-instead of one per request, its counters summed per field (:class:`Counters`).
+A finished request adds its counters (:mod:`naiad.stats`) with :meth:`StatsWriter.add` and
+is answered without waiting for them (a statistics write is not on the answer's path): they
+are written in the background, and a reader of the statistics on the same gateway (the
+statistics extension, ``/metrics``, the status page) first awaits :meth:`StatsWriter.flush`,
+so a client that has its answer still sees its counters there. A request that finishes while
+a write is in flight joins the next one: under load, one pipeline (one round trip) carries
+the counters of every request that finished meanwhile, instead of one per request, its
+counters summed per field (:class:`Counters`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
 
 from naiad import stats
+
+logger = logging.getLogger(__name__)
 
 #: Queues one request's counters on a pipeline (e.g. a partial of :func:`naiad.stats.add_request`).
 Add = Callable[[Pipeline], None]
@@ -58,24 +64,35 @@ class StatsWriter:
         self.redis = redis
         self._adds: list[Add] = []
         self._done: asyncio.Future[None] | None = None  # resolved when ``_adds`` is written
+        self._sending: asyncio.Future[None] | None = None  # the write in flight
         self._writer: asyncio.Task[None] | None = None
+
+    def add(self, add: Add) -> asyncio.Future[None]:
+        """Queue ``add`` for the next write (started now unless one is in flight); the
+        future of that write. A failed write is logged here, its waiters see the error."""
+        if self._done is None:
+            self._done = asyncio.get_running_loop().create_future()
+        self._adds.append(add)
+        if self._writer is None:
+            self._writer = asyncio.create_task(self._write())
+        return self._done
 
     async def record(self, add: Add) -> None:
         """Queue ``add`` and wait until it is written. Raises RedisError when that write
         failed. A cancelled caller does not cancel the write (others wait on it)."""
-        if self._done is None:
-            self._done = asyncio.get_running_loop().create_future()
-        self._adds.append(add)
-        done = self._done
-        if self._writer is None:
-            self._writer = asyncio.create_task(self._write())
-        await asyncio.shield(done)
+        await asyncio.shield(self.add(add))
+
+    async def flush(self) -> None:
+        """Wait until everything added so far is written (or its write failed: logged)."""
+        waiting = self._done if self._adds else self._sending
+        if waiting is not None:
+            await asyncio.wait([waiting])
 
     async def _write(self) -> None:
         try:
             while self._adds:
                 adds, done = self._adds, self._done
-                self._adds, self._done = [], None
+                self._adds, self._done, self._sending = [], None, done
                 assert done is not None
                 counters = Counters()
                 for add in adds:
@@ -91,10 +108,11 @@ class StatsWriter:
                     self._adds, self._done = [], None
                     raise
                 except Exception as exc:  # every waiter of this write sees its failure
+                    logger.warning("statistics of %d requests not recorded: %s", len(adds), exc)
                     done.set_exception(exc)
-                    done.exception()  # retrieved here too: a lone cancelled waiter may not
+                    done.exception()  # retrieved here: nobody may wait on it
                 else:
                     if not done.done():
                         done.set_result(None)
         finally:
-            self._writer = None
+            self._writer, self._sending = None, None
