@@ -8,6 +8,7 @@ child of that server is left running.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
@@ -16,12 +17,15 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 import requests
+from redis.asyncio import Redis
+
+from naiad.redis_client import connect
 
 ROOT = Path(__file__).resolve().parents[1]
 READY_TIMEOUT_S = 30.0
@@ -223,3 +227,16 @@ def upload_tree(endpoint: str, bucket: str, folder: Path, prefix: str) -> None:
     for path in sorted(folder.rglob("*")):
         if path.is_file():
             client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(folder).as_posix()}")
+
+
+def run_scenario(redis_url: str, scenario: Callable[[Redis], Awaitable[None]]) -> None:
+    """Run ``await scenario(redis)`` on a fresh client of ``redis_url``, closed whatever happens."""
+
+    async def main() -> None:
+        redis = connect(redis_url)
+        try:
+            await scenario(redis)
+        finally:
+            await redis.aclose()
+
+    asyncio.run(main())

@@ -4,12 +4,12 @@ next sync; in explicit mode, loading an ensemble loads its composing models too 
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 from pathlib import Path
 
+from naiad_harness import run_scenario as run
+
 from gateway.registry import ModelRegistry
-from naiad.redis_client import connect
 from repository_store import open_store
 
 MODEL = """
@@ -33,17 +33,6 @@ def write_repository(root: Path) -> Path:
     (root / "ens" / "1").mkdir(parents=True)
     (root / "ens" / "config.pbtxt").write_text(ENSEMBLE)
     return root
-
-
-def run(redis_url: str, scenario) -> None:
-    async def main() -> None:
-        redis = connect(redis_url)
-        try:
-            await scenario(redis)
-        finally:
-            await redis.aclose()
-
-    asyncio.run(main())
 
 
 def test_ensemble_state_follows_its_composing_model(redis_url: str, tmp_path: Path) -> None:

@@ -4,16 +4,15 @@ by every registry that syncs."""
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 from pathlib import Path
 
 import pytest
+from naiad_harness import run_scenario as run
 
 from gateway.registry import ModelRegistry
 from naiad import keys
 from naiad.errors import ModelNotFound
-from naiad.redis_client import connect
 from repository_store import ModelEntry, open_store
 
 
@@ -24,19 +23,6 @@ def repository(tmp_path: Path, example_repository: Path) -> Path:
 
 async def _generation(redis) -> int:
     return int(await redis.get(keys.REGISTRY_GENERATION))
-
-
-def run(redis_url: str, scenario) -> None:
-    """``scenario(redis)`` on a fresh client, closed whatever happens."""
-
-    async def main() -> None:
-        redis = connect(redis_url)
-        try:
-            await scenario(redis)
-        finally:
-            await redis.aclose()
-
-    asyncio.run(main())
 
 
 def test_poll_writes_only_what_changed(redis_url: str, repository: Path) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from naiad_harness import free_port
+from naiad_harness import run_scenario as run
 
 from gateway.registry import ModelRegistry
 from naiad import keys
@@ -27,7 +28,6 @@ from naiad.errors import (
     Unavailable,
     Unsupported,
 )
-from naiad.redis_client import connect
 from repository_store import ModelEntry, open_store
 from workers.load_failure import is_model_fault, mark_unavailable
 
@@ -56,17 +56,6 @@ def repository(tmp_path: Path, example_repository: Path) -> Path:
 )
 def test_only_a_fault_in_the_model_marks_it(error, marks):
     assert is_model_fault(error) is marks
-
-
-def run(redis_url: str, scenario) -> None:
-    async def main() -> None:
-        redis = connect(redis_url)
-        try:
-            await scenario(redis)
-        finally:
-            await redis.aclose()
-
-    asyncio.run(main())
 
 
 async def generation(redis) -> int:
