@@ -7,7 +7,9 @@ statistics extension, ``/metrics``, the status page) first awaits :meth:`StatsWr
 so a client that has its answer still sees its counters there. A request that finishes while
 a write is in flight joins the next one: under load, one pipeline (one round trip) carries
 the counters of every request that finished meanwhile, instead of one per request, its
-counters summed per field (:class:`Counters`).
+counters summed per field (:class:`Counters`). A write is sent on the event loop's next turn,
+never held back to gather more: a client answered here that then asks another gateway finds
+its counters there too (in practice: no flush covers that case).
 """
 
 from __future__ import annotations

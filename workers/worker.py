@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import signal
 import time
@@ -95,8 +96,8 @@ class Worker:
         self._retire_by: float | None = None  # versions changed: serve the old queue until then
         self.stopping = asyncio.Event()
         self._next_reclaim = 0.0
-        # each runner's last batch's compute_infer per row (ns)
-        self._infer_ns_per_row: weakref.WeakKeyDictionary[ModelRunner, float] = weakref.WeakKeyDictionary()
+        # each runner's last compute_infer (ns) per batch size class (rows.bit_length())
+        self._infer_ns: weakref.WeakKeyDictionary[ModelRunner, dict[int, int]] = weakref.WeakKeyDictionary()
         self._generation: bytes | None = None
         self._registered_raw: bytes | None = None  # the registry entry as last read
 
@@ -451,7 +452,7 @@ class Worker:
             else:
                 results = await asyncio.to_thread(runner.backend.infer, feed, names)
         t2 = time.perf_counter_ns()
-        self._infer_ns_per_row[runner] = (t2 - t1) / max(sum(sizes), 1)
+        self._infer_ns.setdefault(runner, {})[sum(sizes).bit_length()] = t2 - t1
         outputs = runner.restore(results, names, sum(sizes))
         parts = batching.split(outputs, sizes) if batched else [outputs]
         phases = {"compute_input": t1 - t0, "compute_infer": t2 - t1}
@@ -465,12 +466,13 @@ class Worker:
         return payloads, stats.Execution(requests[0].version, sum(sizes), queue_ns, phases, finished_ms)
 
     def _inline(self, runner: ModelRunner, rows: int) -> bool:
-        """Run this batch on the event loop, not in a thread: when the runner's last batch
-        says it takes under :data:`INLINE_INFER_S` (per row, times ``rows``). A thread
-        hand-off costs more than a sub-millisecond model; a slower one runs in a thread so
-        heartbeats keep flowing. Unknown (the first batch): a thread."""
-        per_row_ns = self._infer_ns_per_row.get(runner)
-        return per_row_ns is not None and per_row_ns * rows < INLINE_INFER_S * 1e9
+        """Run this batch on the event loop, not in a thread: when it is expected to take
+        under :data:`INLINE_INFER_S`. A thread hand-off costs more than a sub-millisecond
+        model; a slower one runs in a thread so heartbeats keep flowing. Expected: the last
+        batch of the same size class (rows within a power of two) took; else the nearest
+        smaller class's time scaled by the rows (a batch costs less per row than one row
+        alone, so this overestimates), else a larger class's time. Unknown: a thread."""
+        return expected_ns(self._infer_ns.get(runner, {}), rows) < INLINE_INFER_S * 1e9
 
     async def _reply(
         self, pairs: list[tuple[QueuedRequest, bytes]], runs: list[stats.Execution] | None = None
@@ -515,6 +517,19 @@ class Worker:
         """A model that cannot load answers what waits for it with the reason, then exits."""
         while requests := await self.queue.read(100, None):
             await self._reply([(r, encode_reply(Reply(r.queue_id, error=error))) for r in requests])
+
+
+def expected_ns(by_class: dict[int, int], rows: int) -> float:
+    """A batch of ``rows`` rows' expected compute time (ns) from ``by_class`` (the last time
+    per size class, ``rows.bit_length()``; see :meth:`Worker._inline`); inf when empty."""
+    size_class = rows.bit_length()
+    if size_class in by_class:
+        return by_class[size_class]
+    smaller = [c for c in by_class if c < size_class]
+    if smaller:
+        nearest = max(smaller)
+        return by_class[nearest] * rows / (1 << (nearest - 1))
+    return min(by_class.values(), default=math.inf)
 
 
 def _tensors(arrays: dict[str, np.ndarray]) -> list[Tensor]:

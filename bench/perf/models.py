@@ -12,8 +12,11 @@
   on one CPU core and the fully connected head is matrix-vector work per row, so batching
   (matrix-matrix) pays; ``digits_cnn_nobatch``: without ``dynamic_batching``.
 
-Both configs of a pair differ only in the ``dynamic_batching`` block. A model folder that exists
-is reused (``--rebuild`` builds again).
+Both configs of a pair differ only in the ``dynamic_batching`` block. The batched ones run with
+``max_queue_delay_microseconds: 0`` (:data:`QUEUE_DELAY_US`; Triton's advice for a
+latency-sensitive model: a batch is what is queued when the worker is free, no waiting for a
+preferred size), the example ``digits`` included. A model folder that exists is reused
+(``--rebuild`` builds again); its queue delay is set again on every run.
 
     .venv/bin/python -m bench.perf.models [--repository .bench/repository] [--rebuild]
 """
@@ -54,10 +57,13 @@ input [ { name: "input" data_type: TYPE_FP32 dims: [ 64 ] } ]
 output [ { name: "probabilities" data_type: TYPE_FP32 dims: [ 10 ] } ]
 dynamic_batching {
   preferred_batch_size: [ 16, 32 ]
-  max_queue_delay_microseconds: 2000
+  max_queue_delay_microseconds: 0
 }
 instance_group [ { kind: KIND_CPU count: 1 } ]
 """
+
+#: The batched benchmark models' ``max_queue_delay_microseconds``.
+QUEUE_DELAY_US = 0
 
 # name -> (inputs as (name, datatype, dims without the batch dimension), outputs)
 SIGNATURES = {
@@ -78,6 +84,16 @@ def without_batching(config: str, name: str) -> str:
     if text == config:
         raise ValueError("the config has no dynamic_batching block")
     return re.sub(r'^name: "[^"]*"', f'name: "{name}"', text, count=1, flags=re.M)
+
+
+def set_queue_delay(repository: Path, name: str, microseconds: int = QUEUE_DELAY_US) -> None:
+    """Rewrite ``max_queue_delay_microseconds`` in model ``name``'s config.pbtxt."""
+    path = repository / name / "config.pbtxt"
+    text = path.read_text()
+    setting = f"max_queue_delay_microseconds: {microseconds}"
+    edited = re.sub(r"max_queue_delay_microseconds:\s*\d+", setting, text)
+    if edited != text:
+        path.write_text(edited)
 
 
 def write_model(repository: Path, name: str, config: str, onnx_bytes: bytes) -> None:
@@ -254,6 +270,8 @@ def ensure_repository(
             started = time.monotonic()
             BUILDERS[name](repository)
             print(f"built {name} in {time.monotonic() - started:.1f} s", file=sys.stderr)
+        if name in ("digits", "digits_cnn"):
+            set_queue_delay(repository, name)
     return repository
 
 
