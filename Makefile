@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 REPO ?= model_repository
+# Extra `naiad serve` flags: make serve SERVE_ARGS="--http-port 9000 --grpc-port 9001"
+SERVE_ARGS ?=
 SILERO_VAD := silero-vad==6.2.3
 
 .PHONY: serve test demo install repo lint clean bench-setup bench-overhead bench-throughput bench-peers bench-coldstart bench-cache bench-profile
@@ -21,7 +23,7 @@ repo: install
 	$(BIN)/python examples/build_repository.py $(REPO)
 
 serve: repo
-	$(BIN)/naiad serve --model-repository $(REPO)
+	$(BIN)/naiad serve --model-repository $(REPO) $(SERVE_ARGS)
 
 demo: repo
 	$(BIN)/python examples/demo.py --model-repository $(REPO)

@@ -101,7 +101,8 @@ class Server:
         count = 0
         for child in psutil.Process(self.process.pid).children():
             try:
-                count += child.status() != psutil.STATUS_ZOMBIE and "worker" in child.cmdline()
+                args = " ".join(child.cmdline()).split()  # a claimed pool process's title is one string
+                count += child.status() != psutil.STATUS_ZOMBIE and "worker" in args
             except psutil.NoSuchProcess:
                 pass
         return count

@@ -172,14 +172,14 @@ class Soak:
         found = []
         for child in psutil.Process(self.server.pid).children(recursive=True):
             with contextlib.suppress(psutil.Error):
-                cmd = child.cmdline()
+                cmd = " ".join(child.cmdline()).split()  # a claimed pool process's title is one string
                 if "worker" in cmd and child.status() != psutil.STATUS_ZOMBIE:
                     found.append(child)
         return found
 
     async def chaos(self) -> None:
-        """SIGKILL every worker process (serving or warm-pool: a claimed pool process keeps its
-        ``--pool`` command line) every ``kill_every_s``; kill Redis once, start it again."""
+        """SIGKILL every worker process (serving or warm-pool: a claimed pool process is
+        retitled ``naiad worker --model M ...``) every ``kill_every_s``; kill Redis once, start it again."""
         restart_at = self.args.redis_restart_at_s
         restart_at = self.args.duration_s / 2 if restart_at is None else restart_at
         next_kill = self.args.kill_every_s

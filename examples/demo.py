@@ -7,7 +7,7 @@ NVIDIA's own ``tritonclient``.
    then the same rows through ``digits_pytorch`` (TorchScript) and ``digits_tensorflow``
    (SavedModel), which must give the ONNX model's probabilities within 1e-5 and its labels;
 3. one 512-sample chunk through ``silero_vad`` (a recurrent model with explicit state);
-4. the ``digits`` worker scaling back to zero after the idle timeout;
+4. the ``digits`` worker scaling back to zero, timed from its last request (the idle timeout);
 then the server is stopped (SIGINT, SIGKILL if it does not exit).
 
 Build the repository first: ``python examples/build_repository.py DIR`` (``make demo`` does).
@@ -234,15 +234,22 @@ def voice_activity(client: httpclient.InferenceServerClient) -> None:
     print(f"   {took:.2f} s, including the silero_vad worker's cold start")
 
 
-def scale_to_zero(metrics_url: str, idle_timeout_s: float) -> None:
+def scale_to_zero(
+    client: httpclient.InferenceServerClient, metrics_url: str, idle_timeout_s: float, x: np.ndarray
+) -> None:
+    """One last ``digits`` request (the steps before may have let its worker go already),
+    then the time from its answer until ``naiad_model_workers`` shows 0 for ``digits``."""
     print(f"\n4. scale to zero (idle timeout {idle_timeout_s:g} s)")
-    started = time.monotonic()
-    deadline = started + idle_timeout_s + 30
-    while time.monotonic() < deadline:
+    infer_digits(client, x[:1])
+    last_request = time.monotonic()
+    print(f'   last digits request answered; naiad_model_workers{{model="digits"}}: '
+          f'{model_workers(metrics_url, "digits")}')
+    while time.monotonic() < last_request + idle_timeout_s + 30:
         if model_workers(metrics_url, "digits") == 0:
-            print(f"   digits back to 0 workers after {time.monotonic() - started:.1f} s idle")
+            idle_s = time.monotonic() - last_request
+            print(f"   digits back to 0 workers {idle_s:.1f} s after its last request")
             return
-        time.sleep(0.5)
+        time.sleep(0.25)
     print(f"   digits still has {model_workers(metrics_url, 'digits')} workers; giving up")
 
 
@@ -265,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     score_holdout(client, args.model_repository)
                     other_frameworks(client, args.model_repository)
                     voice_activity(client)
-                    scale_to_zero(metrics_url, args.idle_timeout)
+                    scale_to_zero(client, metrics_url, args.idle_timeout, x)
                 finally:
                     client.close()
         except BaseException:

@@ -129,7 +129,9 @@ def _input(spec: Any, binary: memoryview, offset: int) -> tuple[Tensor, int]:
         if "data" not in spec:
             raise InvalidInput(f"input '{name}': neither 'data' nor 'binary_data_size' given")
         return Tensor(name, datatype, shape, _json_data(name, datatype, spec["data"], shape)), offset
-    if not isinstance(size, int) or size < 0 or offset + size > len(binary):
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise InvalidInput(f"input '{name}': binary_data_size must be a non-negative integer, got {size!r}")
+    if offset + size > len(binary):
         raise InvalidInput(f"input '{name}': binary_data_size {size} runs past the request body")
     data = from_bytes(bytes(binary[offset : offset + size]), datatype, shape)
     return Tensor(name, datatype, shape, data), offset + size

@@ -11,7 +11,10 @@ Model control (Triton's ``--model-control-mode``): :meth:`ModelRegistry.start` i
 whole repository (``none``, ``poll``) or only the models to load (``explicit``; the others
 get an ``UNAVAILABLE`` "unloaded" entry); :meth:`ModelRegistry.poll` re-indexes and writes
 only the entries that changed; :meth:`ModelRegistry.load` and :meth:`ModelRegistry.unload`
-change one entry.
+change one entry. An explicit :meth:`ModelRegistry.load` first loads the model in a child
+process (its ``load_check``, :class:`gateway.load_probe.LoadProbe`), as Triton's load_model
+loads before it answers: a model whose files the backend refuses is published UNAVAILABLE
+with the load error rather than READY.
 
 A worker whose load of a READY entry fails in the model (backend error, failing warmup)
 replaces that entry with an UNAVAILABLE one carrying the load error
@@ -35,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -65,11 +69,17 @@ ALL_MODELS = "*"
 
 
 class ModelRegistry:
-    """Models known to the server. ``get`` raises :class:`ModelNotFound` for unknown names."""
+    """Models known to the server. ``get`` raises :class:`ModelNotFound` for unknown names.
+    ``load_check``: what :meth:`load` runs on each entry it would publish READY (None when
+    it loaded, else the load error); None: no check."""
 
-    def __init__(self, redis: aioredis.Redis, store: RepositoryStore):
+    def __init__(
+        self, redis: aioredis.Redis, store: RepositoryStore,
+        load_check: Callable[[ModelEntry], Awaitable[str | None]] | None = None,
+    ):  # fmt: skip
         self.redis = redis
         self.store = store
+        self.load_check = load_check
         self._entries: dict[str, ModelEntry] = {}
         self._generation: int | None = None
         self._synced_at = float("-inf")
@@ -157,17 +167,30 @@ class ModelRegistry:
         return True
 
     async def load(self, name: str, config: ModelConfig | None = None) -> ModelEntry:
-        """Re-read model ``name`` from the repository (``config`` replacing its config.pbtxt)
-        and publish the result, READY or UNAVAILABLE with the reason. Raises ModelNotFound
-        if the repository has no such model."""
+        """Re-read model ``name`` from the repository (``config`` replacing its config.pbtxt),
+        load it (and the composing models indexed with an ensemble) with ``load_check``, and
+        publish the result, READY or UNAVAILABLE with the reason. Raises ModelNotFound if
+        the repository has no such model, RepositoryError when the check could not reach it."""
         entry = await asyncio.to_thread(index_model, self.store, name, config)
         entries = await self._with_composing({name: entry})
+        for key, candidate in sorted(entries.items()):
+            entries[key] = await self._checked(candidate)
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hset(keys.REGISTRY, mapping={n: e.to_bytes() for n, e in entries.items()})
             pipe.incr(GENERATION)
             await pipe.execute()
         await self.sync()
         return self._entries.get(name, entry)  # an ensemble's: as its composing models allow
+
+    async def _checked(self, entry: ModelEntry) -> ModelEntry:
+        """``entry``, or UNAVAILABLE with the load error when ``load_check`` fails it."""
+        if self.load_check is None or not entry.ready or is_ensemble(entry.config):
+            return entry
+        reason = await self.load_check(entry)
+        if reason is None:
+            return entry
+        logger.warning("model '%s' failed to load: %s", entry.name, reason)
+        return entry.load_failed(reason)
 
     async def _with_composing(self, loaded: dict[str, ModelEntry]) -> dict[str, ModelEntry]:
         """``loaded`` plus the composing models of its ensembles (nested ones too) that are

@@ -22,6 +22,7 @@ from gateway.dataplane import DataPlane
 from gateway.dispatcher import READER_BLOCK_S, QueueDispatcher
 from gateway.grpc_server import grpc_server
 from gateway.http import RUNNER_OPTIONS, create_app
+from gateway.load_probe import LoadProbe
 from gateway.metrics import create_metrics_app
 from gateway.registry import ModelRegistry, poll_repository
 from gateway.response_cache import WAIT_BLOCK_S, CacheConfig, ResponseCache
@@ -110,7 +111,8 @@ async def run_gateway(settings: Settings, redis_url: str, stop: asyncio.Event) -
         redis = connect(redis_url)
         stack.push_async_callback(redis.aclose)
         store = await asyncio.to_thread(open_store, settings.model_repository)
-        registry = ModelRegistry(redis, store)
+        probe = LoadProbe(settings.model_repository, settings.cache_dir, settings.cache_max_bytes)
+        registry = ModelRegistry(redis, store, load_check=probe)
         await registry.start(settings.model_control_mode, settings.load_model)
         if settings.model_control_mode == "poll":
             polling = poll_repository(registry, settings.repository_poll_secs)

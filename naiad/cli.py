@@ -33,35 +33,35 @@ def _bool(text: str) -> bool:
 # flag -> Settings field, for the flags every command shares.
 COMMON_FLAGS = {
     "--model-repository": ("model_repository", str, "folder, s3://bucket/prefix or s3://host:port/bucket/prefix"),
-    "--redis-url": ("redis_url", str, "redis:// or unix:// URL (serve: default embedded redis-server)"),
+    "--redis-url": ("redis_url", str, "redis:// or unix:// URL (default: serve embeds a redis-server)"),
     "--log-level": ("log_level", str, "DEBUG, INFO, WARNING or ERROR"),
     "--idle-timeout": ("idle_timeout_s", float, "seconds without requests before a worker exits"),
     "--cache-dir": ("cache_dir", str, "local cache of pulled model versions"),
-    "--log-format": ("log_format", "text|json", "text (default) or json: one JSON object a line"),
+    "--log-format": ("log_format", "text|json", "text, or json: one JSON object a line"),
     "--log-verbose": ("log_verbose", int, "Triton's verbose level: 1 DEBUG for naiad, 2 for libraries too"),
-    "--log-info": ("log_info", _bool, "true (default) or false: INFO records"),
-    "--log-warning": ("log_warning", _bool, "true (default) or false: WARNING records"),
-    "--log-error": ("log_error", _bool, "true (default) or false: ERROR records"),
+    "--log-info": ("log_info", _bool, "true or false: INFO records"),
+    "--log-warning": ("log_warning", _bool, "true or false: WARNING records"),
+    "--log-error": ("log_error", _bool, "true or false: ERROR records"),
 }
 # flag -> Settings field, for the scaler's policy (serve, scaler; workers read min and idle).
 SCALER_FLAGS = {
-    "--min-workers": ("min_workers", int, "workers kept per model even when idle (default 0)"),
-    "--max-workers": ("max_workers_per_model", int, "most workers per model (default 4)"),
-    "--target-inflight": ("target_inflight", int, "queued + running requests per worker (default 8)"),
+    "--min-workers": ("min_workers", int, "workers kept per model even when idle"),
+    "--max-workers": ("max_workers_per_model", int, "most workers per model"),
+    "--target-inflight": ("target_inflight", int, "queued + running requests per worker"),
     "--scale-down-period": ("scale_down_period_s", float,
-                            "seconds between stops of one model's workers (default 30)"),
+                            "seconds between stops of one model's workers"),
 }
 # flag -> Settings field, for the warm pool of the local scaler (serve, scaler).
 POOL_FLAGS = {
-    "--warm-pool-size": ("warm_pool_size", int, "generic worker processes kept started (default 1; 0: none)"),
+    "--warm-pool-size": ("warm_pool_size", int, "generic worker processes kept started, 0 for none"),
     "--warm-pool-idle-timeout": ("warm_pool_idle_timeout_s", float,
-                                 "seconds without a cold start before the pool shrinks to 0 (default never)"),
+                                 "seconds without a cold start before the pool empties (default: never)"),
 }
 GATEWAY_FLAGS = {
-    "--http-port": ("http_port", int, "KServe v2 HTTP port (default 8000)"),
-    "--grpc-port": ("grpc_port", int, "KServe v2 gRPC port (default 8001)"),
-    "--metrics-port": ("metrics_port", int, "Prometheus metrics port (default 8002)"),
-    "--http-address": ("http_host", str, "address HTTP, gRPC and metrics bind to (default 0.0.0.0)"),
+    "--http-port": ("http_port", int, "KServe v2 HTTP port"),
+    "--grpc-port": ("grpc_port", int, "KServe v2 gRPC port"),
+    "--metrics-port": ("metrics_port", int, "Prometheus metrics port"),
+    "--http-address": ("http_host", str, "address HTTP, gRPC and metrics bind to"),
     "--metrics-address": ("metrics_address", str, "address the metrics port binds to "
                           "(default: --http-address; 127.0.0.1 keeps it local)"),
     "--http-restricted-api": ("http_restricted_api", list, "repeatable <api>,...:<key>=<value>: those "
@@ -69,20 +69,41 @@ GATEWAY_FLAGS = {
                               "keys out of process listings)"),
     "--grpc-restricted-protocol": ("grpc_restricted_protocol", list, "repeatable <api>,...:<key>=<value>, "
                                    "for gRPC metadata (env NAIAD_GRPC_RESTRICTED_PROTOCOL)"),
-    "--request-timeout": ("request_timeout_s", float, "default request timeout, seconds"),
-    "--shutdown-grace": ("shutdown_grace_s", float, "seconds in-flight requests get on SIGTERM (default 30)"),
-    "--max-queue-size": ("max_queue_size", int, "most requests queued per model; more: 503 (default 1000)"),
-    "--max-inflight": ("max_inflight", int, "most requests one gateway carries; more: 503 (default 4096)"),
-    "--model-control-mode": ("model_control_mode", "none|poll|explicit", "none (default), poll or explicit"),
+    "--request-timeout": ("request_timeout_s", float, "seconds a request without a 'timeout' parameter "
+                          "(or with 0) may wait for its answer, cold start included"),
+    "--shutdown-grace": ("shutdown_grace_s", float, "seconds in-flight requests get on SIGTERM"),
+    "--max-queue-size": ("max_queue_size", int, "most requests queued per model; more: 503"),
+    "--max-inflight": ("max_inflight", int, "most requests one gateway carries; more: 503"),
+    "--model-control-mode": ("model_control_mode", "none|poll|explicit", "none, poll or explicit"),
     "--repository-poll-secs": ("repository_poll_secs", float, "poll mode: seconds between re-indexings"),
     "--load-model": ("load_model", list, "explicit mode: model to load at start, repeatable ('*': all)"),
     "--cache-config": ("cache_config", list, "response cache, repeatable: redis,max_bytes=N | "
-                       "redis,ttl_s=SECONDS | redis,enable=false (default 256 MiB, 1 h)"),
+                       "redis,ttl_s=SECONDS | redis,enable=false (default: max_bytes="
+                       f"{Settings.model_fields['response_cache_max_bytes'].default}, "
+                       f"ttl_s={Settings.model_fields['response_cache_ttl_s'].default:g})"),
 }
+
+
+def _with_default(dest: str, text: str) -> str:
+    """``text`` with the default of Settings field ``dest`` appended, as ``--help`` shows it
+    (the Settings field is the one place each default is written); none for an empty list
+    or None, whose meaning the text gives."""
+    field = Settings.model_fields.get(dest)
+    default = None if field is None else field.get_default(call_default_factory=True)
+    if default is None or default == []:
+        return text
+    if isinstance(default, bool):
+        shown = str(default).lower()  # as the flags take it: true / false
+    elif isinstance(default, float):
+        shown = f"{default:g}"  # 60, not 60.0
+    else:
+        shown = str(default)
+    return f"{text} (default: {shown})".replace("%", "%%")
 
 
 def _add(parser: argparse.ArgumentParser, flags: dict) -> None:
     for flag, (dest, kind, text) in flags.items():
+        text = _with_default(dest, text)
         if kind is list:  # repeatable
             parser.add_argument(flag, dest=dest, action="append", help=text, default=argparse.SUPPRESS)
         elif isinstance(kind, str):  # one of the '|'-separated choices
@@ -117,7 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     status = commands.add_parser("status", help="live view of models, workers, queues (Ctrl-C ends)")
     status.add_argument("--redis-url", required=True, help="the Redis the gateways and workers use")
     status.add_argument("--once", action="store_true", help="print one snapshot and exit")
-    status.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+    status.add_argument("--interval", type=float, default=1.0,
+                        help="seconds between refreshes (default: %(default)g)")
     _add_tool_commands(commands)
     return parser
 
@@ -136,10 +158,13 @@ def _add_tool_commands(commands) -> None:
     render = k8s.add_parser("render", help="write per-model worker Deployments and KEDA ScaledObjects")
     _add(render, tool_flags)
     render.add_argument("--out", required=True, type=pathlib.Path, help="folder the manifests are written to")
-    render.add_argument("--image-worker", default="naiad-worker:latest", help="worker container image")
-    render.add_argument("--namespace", default="naiad", help="Kubernetes namespace of the objects")
+    render.add_argument("--image-worker", default="naiad-worker:latest",
+                        help="worker container image (default: %(default)s)")
+    render.add_argument("--namespace", default="naiad",
+                        help="Kubernetes namespace of the objects (default: %(default)s)")
     render.add_argument("--redis-address", default="redis:6379",
-                        help="host:port of Redis as seen from the pods (KEDA's address format)")
+                        help="host:port of Redis as seen from the pods, KEDA's address format "
+                        "(default: %(default)s)")
 
 
 def _settings(args: argparse.Namespace) -> Settings:

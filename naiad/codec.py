@@ -50,6 +50,9 @@ class QueuedRequest:
     """The priority level of the stream it was read from (set by the reader, not sent)."""
     claimed_at: float = 0.0
     """``time.monotonic()`` when the read that claimed it was sent (set by the reader)."""
+    deliveries: int = 1
+    """Times Redis delivered its entry to a worker, this claim included (set by the reader):
+    more than 1 for one reclaimed from a worker that died (:mod:`workers.reclaim`)."""
 
     @property
     def request_id(self) -> str:

@@ -11,9 +11,11 @@ hands to the waiting future by queue id (no polling). When the model has no live
 scaler is woken through :data:`naiad.keys.SCALER_WAKE`; the request waits in the stream
 meanwhile, bounded by its deadline.
 
-Backpressure: the XADD is a script that first checks the stream's length (entries queued or
-being run: answered ones are deleted) against the model's maximum queue size, atomically, so
-a full queue answers :class:`Overloaded` at once and never grows past its bound (per level).
+Backpressure: the XADD is a script that first counts the requests waiting in the stream
+against the model's maximum queue size, atomically, so a full queue answers
+:class:`Overloaded` at once and never grows past its bound (per level). As Triton's
+``max_queue_size`` it counts waiting requests, not executing ones (docs/protocol.md,
+"Maximum queue size").
 
 Queue timeout (Triton's ``timeout_action: REJECT``): when it passes before a worker claimed
 the entry, a script deletes the unclaimed entry and the request fails with
@@ -53,17 +55,28 @@ logger = logging.getLogger(__name__)
 #: Seconds one BLPOP of the reply reader blocks before it loops (to notice shutdown).
 READER_BLOCK_S = 5
 
-#: XADD unless the stream already holds ``ARGV[1]`` entries or more (0: no bound); returns
+#: XADD unless ``ARGV[1]`` requests or more already wait in the stream (0: no bound); returns
 #: ``{entry id, live workers}`` (members of the workers set KEYS[2] whose heartbeat deadline is
-#: at or after ``ARGV[2]``, Unix seconds), or nil when the queue is full. KEYS[1]: the
-#: stream; ARGV[3..]: the fields. One round trip per request: the enqueue's whole protocol.
+#: at or after ``ARGV[2]``, Unix seconds), or nil when the queue is full. Waiting: the
+#: stream's entries (answered ones are deleted) less those executing, taken as the entries
+#: claimed by group ARGV[3] (the XPENDING summary, O(1)) up to ``ARGV[4]`` (requests one
+#: worker runs at once) per live worker. KEYS[1]: the stream; ARGV[5..]: the fields. One
+#: round trip per request: the enqueue's whole protocol.
 BOUNDED_XADD = """
 local limit = tonumber(ARGV[1])
-if limit > 0 and redis.call('XLEN', KEYS[1]) >= limit then
-  return false
+local live = redis.call('ZCOUNT', KEYS[2], ARGV[2], '+inf')
+if limit > 0 then
+  local waiting = redis.call('XLEN', KEYS[1])
+  local claimed = redis.pcall('XPENDING', KEYS[1], ARGV[3])
+  if type(claimed) == 'table' and claimed.err == nil then
+    waiting = waiting - math.min(claimed[1], live * tonumber(ARGV[4]))
+  end
+  if waiting >= limit then
+    return false
+  end
 end
-local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 3))
-return {id, redis.call('ZCOUNT', KEYS[2], ARGV[2], '+inf')}
+local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 5))
+return {id, live}
 """
 #: Delete entry ARGV[2] of stream KEYS[1] unless a consumer of group ARGV[1] has claimed it
 #: (it is in the group's pending entries; no group yet: nobody has); 1 when deleted, 0 when
@@ -207,7 +220,7 @@ class QueueDispatcher:
         """The bounded XADD and the live-worker count in one round trip (one EVALSHA: a
         pipeline holding a script would first ask SCRIPT EXISTS); the new entry's id."""
         stream, max_queue = placement.stream, placement.max_queue
-        args: list[bytes | int | float] = [max_queue, now]
+        args: list[bytes | int | float | str] = [max_queue, now, keys.WORKER_GROUP, placement.batch]
         for name, value in fields.items():
             args += [name, value]
         try:

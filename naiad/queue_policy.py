@@ -87,8 +87,10 @@ def queue_timeout(config: mc.ModelConfig, level: int, parameters: Mapping[str, A
 class Placement:
     """Where and how one request waits: its ``level`` and ``stream``, the level's
     ``max_queue`` (entries, 0: no bound), ``timeout_s`` (seconds it may wait in the queue, 0:
-    no limit), ``reject`` (the timeout action is REJECT, not DELAY) and ``ordered`` (the
-    model's ``preserve_ordering``)."""
+    no limit), ``reject`` (the timeout action is REJECT, not DELAY), ``ordered`` (the
+    model's ``preserve_ordering``) and ``batch`` (requests one worker executes at once at
+    most: ``max_batch_size``, 1 when the model does not batch; what ``max_queue`` does not
+    count of the claimed entries, see :data:`naiad.queue_client.BOUNDED_XADD`)."""
 
     level: int
     stream: str
@@ -96,6 +98,7 @@ class Placement:
     timeout_s: float
     reject: bool
     ordered: bool
+    batch: int = 1
 
 
 def place(
@@ -108,7 +111,7 @@ def place(
     timeout_s, reject = queue_timeout(config, level, parameters)
     return Placement(
         level, keys.request_stream(model, level), policy_of(config, level).max_queue_size or server_max_queue,
-        timeout_s, reject, config.dynamic_batching.preserve_ordering,
+        timeout_s, reject, config.dynamic_batching.preserve_ordering, max(config.max_batch_size, 1),
     )  # fmt: skip
 
 

@@ -112,7 +112,7 @@ class NaiadServer:
         claimed = self.claimed_pids(model) if model is not None else set()
         found = []
         for proc in psutil.process_iter(["cmdline", "status"]):
-            cmd = proc.info["cmdline"] or []
+            cmd = " ".join(proc.info["cmdline"] or []).split()  # a claimed pool process's title is one string
             if proc.info["status"] == psutil.STATUS_ZOMBIE or "worker" not in cmd:
                 continue
             if str(self.cache_dir) not in cmd:

@@ -10,8 +10,9 @@ A worker claims requests from its model's streams into a :class:`Batcher` (a win
 most :attr:`BatchPolicy.window` entries), which keeps them in Triton's queue order: priority
 level first (:mod:`naiad.queue_policy`), then within a level the requests whose queue
 timeout has not passed before those that passed it under a DELAY policy, then arrival. Those
-whose timeout passed under a REJECT policy leave through :meth:`Batcher.expired`. Nothing
-here does I/O.
+whose timeout passed under a REJECT policy leave through :meth:`Batcher.expired`. A request
+reclaimed from a worker that died runs in a batch of its own, before the others
+(:func:`workers.reclaim.runs_alone`). Nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad import queue_policy
 from naiad.codec import QueuedRequest, entry_order
-from workers import batching
+from workers import batching, reclaim
 
 
 @dataclass(frozen=True)
@@ -106,8 +107,12 @@ class Batcher:
     def take(self, now: float, flush: bool = False) -> tuple[list[QueuedRequest], float]:
         """The next batch (removed from the window), or ``([], seconds)`` to wait at most that
         long for more (the batching delay, or a queue timeout that ends sooner). ``flush``:
-        no waiting (draining)."""
+        no waiting (draining). A reclaimed request comes first, alone, at once."""
         self._held.sort(key=lambda h: h.order(now))
+        alone = next((h for h in self._held if reclaim.runs_alone(h.queued.deliveries)), None)
+        if alone is not None:
+            self._held.remove(alone)
+            return [alone.queued], 0.0
         requests = [h.queued.request for h in self._held]
         ages = [max(0.0, now - h.queued.enqueued_at) for h in self._held]  # clocks may differ
         delay_s = 0.0 if flush else self.policy.max_queue_delay_s
@@ -122,6 +127,10 @@ class Batcher:
         batch = [self._held[i].queued for i in indices]
         self._held = [h for i, h in enumerate(self._held) if i not in chosen]
         return batch, 0.0
+
+    def requests(self) -> list[QueuedRequest]:
+        """The requests held (claimed, not yet taken), in no particular order."""
+        return [h.queued for h in self._held]
 
     def remove(self, requests: Iterable[QueuedRequest]) -> None:
         """Forget ``requests`` (handed back, or no longer this worker's)."""

@@ -89,8 +89,33 @@ class QueueReader:
             return await self._read_blocking(count, block_ms)
         sent = time.monotonic()
         found = await self._read(keys=self.streams, args=[keys.WORKER_GROUP, self.consumer, count])
+        return await self.claimed(found, count, block_ms, sent)
+
+    def read_on(self, pipe: Pipeline, count: int, block_ms: int | None) -> float:
+        """Queue :meth:`read`'s claim as the next command of ``pipe`` (sent with what the
+        worker sends anyway: one round trip less per batch); decode its reply with
+        :meth:`claimed`, passing the time returned (``time.monotonic()``, the claim's
+        ``sent``). ``pipe`` must not be a transaction: a blocking read inside MULTI does
+        not block. With priority levels the claim queued is the script's, which never
+        blocks; :meth:`claimed` then blocks on its own when it found nothing."""
+        if len(self.streams) == 1:
+            pipe.xreadgroup(keys.WORKER_GROUP, self.consumer, dict.fromkeys(self.streams, ">"),
+                            count=count, block=block_ms)  # fmt: skip
+        else:  # EVAL: a pipeline holding a registered script would first send SCRIPT EXISTS
+            streams = self.streams
+            pipe.eval(PRIORITY_READ, len(streams), *streams, keys.WORKER_GROUP, self.consumer, count)
+        return time.monotonic()
+
+    async def claimed(
+        self, reply: list | None, count: int, block_ms: int | None, sent: float
+    ) -> list[QueuedRequest]:  # fmt: skip
+        """The requests claimed by the reply of a claim queued by :meth:`read_on` (or sent by
+        :meth:`read`) at ``sent``; a priority script's empty one, with ``block_ms`` set, is
+        followed by the blocking read on every stream."""
+        if len(self.streams) == 1:
+            return await self._decode_read(reply, sent)
         requests = []
-        for index, entries in found or []:
+        for index, entries in reply or []:
             for entry_id, flat in entries:
                 fields = dict(zip(flat[::2], flat[1::2], strict=True))
                 requests.append(await self._decode(entry_id, fields, self._level(index - 1), sent))
@@ -103,6 +128,9 @@ class QueueReader:
         response = await self.redis.xreadgroup(
             keys.WORKER_GROUP, self.consumer, dict.fromkeys(self.streams, ">"), count=count, block=block_ms
         )
+        return await self._decode_read(response, sent)
+
+    async def _decode_read(self, response: list | None, sent: float) -> list[QueuedRequest]:
         requests = []
         for stream, entries in response or []:
             level = self._level(self.streams.index(stream.decode() if isinstance(stream, bytes) else stream))
@@ -122,16 +150,21 @@ class QueueReader:
         queued.level, queued.claimed_at = level, sent
         return queued
 
-    async def reclaim(self, min_idle_ms: int) -> list[QueuedRequest]:
-        """Take over, on every stream, what dead workers of this model left claimed
-        (:func:`workers.reclaim.reclaim_orphans`)."""
-        requests = []
+    async def reclaim(self, min_idle_ms: int, held: Sequence[QueuedRequest] = ()) -> QueuedRequest | None:
+        """Take over one request dead workers of this model left claimed, highest level
+        first (:func:`workers.reclaim.reclaim_one`), its ``deliveries`` set; None when there
+        is none. ``held``: what this worker holds claimed and has not answered yet."""
+        ours = {(self.stream_of(q), q.entry_id) for q in held}
         for index, stream in enumerate(self.streams):
             sent = time.monotonic()
-            found = await reclaim.reclaim_orphans(self.redis, self.model, self.consumer, min_idle_ms, stream)
-            for entry_id, fields in found:
-                requests.append(await self._decode(entry_id, fields, self._level(index), sent))
-        return [r for r in requests if r is not None]
+            mine = {entry_id for s, entry_id in ours if s == stream}
+            found = await reclaim.reclaim_one(self.redis, self.model, self.consumer, min_idle_ms, stream,
+                                              mine)  # fmt: skip
+            queued = found and await self._decode(found.entry_id, found.fields, self._level(index), sent)
+            if queued:
+                queued.deliveries = found.deliveries
+                return queued
+        return None
 
     async def still_ours(
         self, requests: Sequence[QueuedRequest], fresh_s: float = 0.0
@@ -197,6 +230,13 @@ class QueueReader:
             return sum(await pipe.execute())
 
     async def leave(self) -> None:
-        """Remove this consumer from the group of every stream."""
+        """Remove this consumer from the group of every stream where nothing is pending for
+        it (removing it would drop its pending entries: they stay for a reclaim instead)."""
         for stream in self.streams:
-            await self.redis.xgroup_delconsumer(stream, keys.WORKER_GROUP, self.consumer)
+            pending = await self.redis.xpending_range(
+                stream, keys.WORKER_GROUP, "-", "+", 1, consumername=self.consumer
+            )  # fmt: skip
+            if pending:
+                logger.warning("claimed requests of '%s' left unanswered for another worker", self.model)
+            else:
+                await self.redis.xgroup_delconsumer(stream, keys.WORKER_GROUP, self.consumer)

@@ -128,6 +128,9 @@ class LocalScaler:
     def _alive(self, model: str) -> int:
         running = [p for p in self.processes.get(model, []) if p.poll() is None]
         for gone in set(self.processes.get(model, [])) - set(running):
+            if gone.returncode not in (0, 2):  # 2: it could not load the model, and said why
+                logger.warning("worker pid %d of model '%s' exited unexpectedly (code %s); its claimed "
+                               "requests will be reclaimed", gone.pid, model, gone.returncode)  # fmt: skip
             self._started_at.pop(gone.pid, None)
             self._devices.pop(gone.pid, None)
         self.processes[model] = running

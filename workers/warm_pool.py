@@ -10,7 +10,8 @@ The scaler claims it (:meth:`WarmPool.claim`) by writing one JSON line — the `
 --model M ...`` command line it would otherwise have started, and the time of the claim —
 and closing the pipe. The process then runs exactly that worker (:class:`workers.worker.Worker`
 with the command's settings, so batching, idle exit, reclaim, statistics and any per-model
-flag are those of a bare worker), and its cold start is measured from the claim, so
+flag are those of a bare worker), retitled ``naiad worker --model M ...`` (``setproctitle``)
+so that ``ps`` tells which model it serves, and its cold start is measured from the claim, so
 ``naiad_cold_start_seconds`` shows what the request waited for: the model's pull and load.
 
 A pool process that reads the end of its stdin before a claim (the scaler closed the pipe)
@@ -185,7 +186,9 @@ async def serve_claim(settings: Settings, parse: Callable[[list[str]], tuple[Set
         return 0
     claim = json.loads(line)
     command = claim["command"]
-    claimed, model = parse(command[command.index("worker"):])
+    worker_args = command[command.index("worker"):]
+    claimed, model = parse(worker_args)
+    _retitle(worker_args)
     logs.configure(claimed)
     if claimed.redis_url != settings.redis_url:
         redis = await _close(redis)
@@ -194,6 +197,15 @@ async def serve_claim(settings: Settings, parse: Callable[[list[str]], tuple[Set
     prepared = Prepared(float(claim["claimed_at"]), redis, store)
     assert claimed.redis_url is not None
     return await Worker(claimed, model, claimed.redis_url, prepared=prepared).run()
+
+
+def _retitle(worker_args: list[str]) -> None:
+    """Show the claimed process in ``ps`` (and ``/proc/<pid>/cmdline``) as the worker it now
+    is, ``naiad worker --model M ...``, instead of its ``worker --pool`` start command. The
+    title replaces the argument vector, so psutil's ``cmdline()`` is one string: split it."""
+    import setproctitle  # noqa: PLC0415
+
+    setproctitle.setproctitle(" ".join(["naiad", *worker_args]))
 
 
 async def _connect(settings: Settings):

@@ -43,7 +43,7 @@ from naiad.inference import Tensor
 from naiad.redis_client import connect
 from naiad.settings import Settings
 from repository_store import ModelEntry, RepositoryStore
-from workers import batching, bls, load_failure, request_level, scaling
+from workers import batching, bls, load_failure, reclaim, request_level, scaling
 from workers.batcher import Batcher, BatchPolicy
 from workers.loader import VersionLoad, VersionLoader
 from workers.model import ModelRunner
@@ -99,6 +99,7 @@ class Worker:
         # each runner's last compute_infer (ns) per batch size class (rows.bit_length())
         self._infer_ns: weakref.WeakKeyDictionary[ModelRunner, dict[int, int]] = weakref.WeakKeyDictionary()
         self._generation: bytes | None = None
+        self._claimed_at: float | None = None  # monotonic: the next turn's claim went out with replies
         self._registered_raw: bytes | None = None  # the registry entry as last read
 
     async def run(self) -> int:
@@ -279,13 +280,24 @@ class Worker:
             if await self._leave_if_idle():
                 return None
             return time.monotonic()  # kept (a late request, or the minimum)
-        block_ms = max(1, int(min(max(remaining, 0.001), 1.0) * 1000))
         self.batcher.add(await self._reclaim())
-        self.batcher.add(await self.queue.read(self.batcher.room, None if len(self.batcher) else block_ms))
+        if self._claimed_at is not None:  # this turn's claim went out with the last replies
+            self._claimed_at = None
+        else:
+            self.batcher.add(await self.queue.read(*self._claim(remaining)))
         if not len(self.batcher):
             return None if self.superseded else idle_since  # retiring, and nothing is queued
-        await self._process(*await self._next_batch())
-        return time.monotonic()
+        await self._process(*await self._next_batch(), claim_ahead=True)
+        return self._claimed_at if self._claimed_at is not None else time.monotonic()
+
+    def _claim(self, remaining_s: float) -> tuple[int, int | None]:
+        """The next claim's ``(count, block_ms)``: what fits the batcher's window, blocking
+        (at most 1 s, at most ``remaining_s`` of the idle timeout) only when it holds nothing
+        and no reclaim pass is due (:meth:`_reclaim`: one found, more may be left)."""
+        assert self.batcher is not None
+        block_ms = max(1, int(min(max(remaining_s, 0.001), 1.0) * 1000))
+        idle = not len(self.batcher) and time.monotonic() < self._next_reclaim
+        return self.batcher.room, block_ms if idle else None
 
     async def _redis_failed(self, exc: RedisError, backoff_s: float) -> None:
         logger.warning("redis failed (%s); retrying in %.1f s", exc, backoff_s)
@@ -302,15 +314,30 @@ class Worker:
         return False
 
     async def _reclaim(self) -> list[QueuedRequest]:
-        """Every heartbeat period, take over what dead workers of this model left claimed."""
+        """Every heartbeat period, and on the next turn again after a pass that found one,
+        take over one request a dead worker of this model left claimed (:mod:`workers.reclaim`):
+        returned to run alone, or, when workers died holding it
+        :data:`~workers.reclaim.MAX_CRASHES` times, answered with
+        :func:`~workers.reclaim.crash_error` (logged; the gateway counts it failed, BACKEND)."""
+        assert self.batcher is not None
         now = time.monotonic()
         if now < self._next_reclaim:
             return []
         self._next_reclaim = now + self.settings.heartbeat_s
-        requests = await self.queue.reclaim(int(self.settings.heartbeat_s * 1000))
-        if requests:
-            logger.warning("reclaimed %d requests left by dead workers", len(requests))
-        return requests
+        queued = await self.queue.reclaim(int(self.settings.heartbeat_s * 1000), self.batcher.requests())
+        if queued is None:
+            return []
+        self._next_reclaim = now  # more may be left
+        lost = reclaim.lost_deliveries(queued.deliveries)
+        with logs.request_context(queued.request_id, version=queued.request.version):
+            if not reclaim.gives_up(queued.deliveries):
+                logger.warning("reclaimed a request left by a dead worker (%d lost deliveries): "
+                               "running it alone", lost)  # fmt: skip
+                return [queued]
+            error = reclaim.crash_error(self.model, queued.deliveries)
+            logger.error("%s", error.message)
+        await self._reply([(queued, encode_reply(Reply(queued.queue_id, error=error)))])
+        return []
 
     async def _leave_if_idle(self) -> bool:
         """Deregister, then look once more: a request that raced the decision keeps us, and
@@ -374,10 +401,14 @@ class Worker:
         batch, wait_s = self.batcher.take(now, flush)
         return batch, rejected, wait_s
 
-    async def _process(self, batch: list[QueuedRequest], rejected: Sequence[QueuedRequest] = ()) -> None:
+    async def _process(
+        self, batch: list[QueuedRequest], rejected: Sequence[QueuedRequest] = (), claim_ahead: bool = False
+    ) -> None:
         """Run ``batch`` and answer it, with ``rejected`` (:class:`QueueTimeout`) and what
         expired in the queue (:class:`DeadlineExceeded`), in arrival order, in one pipeline.
-        Requests no longer this worker's (:meth:`QueueReader.still_ours`) are skipped."""
+        Requests no longer this worker's (:meth:`QueueReader.still_ours`) are skipped.
+        ``claim_ahead`` (the serve loop): the next turn's claim ends that pipeline
+        (:meth:`_send_replies`)."""
         requests = await self.queue.still_ours([*batch, *rejected], FRESH_S)
         if not requests:
             return
@@ -396,7 +427,7 @@ class Worker:
             pairs += zip(live, payloads, strict=True)
             runs += [run] if run is not None else []
         pairs.sort(key=lambda pair: (entry_order(pair[0].entry_id), pair[0].enqueued_at))
-        await self._reply(pairs, runs)
+        await self._reply(pairs, runs, claim_ahead)
 
     async def _execute(self, group: list[QueuedRequest]) -> tuple[list[bytes], stats.Execution | None]:
         """:meth:`_execute_batch` with the batch's log context (version, request ids) and,
@@ -475,31 +506,49 @@ class Worker:
         return expected_ns(self._infer_ns.get(runner, {}), rows) < INLINE_INFER_S * 1e9
 
     async def _reply(
-        self, pairs: list[tuple[QueuedRequest, bytes]], runs: list[stats.Execution] | None = None
-    ) -> None:
+        self, pairs: list[tuple[QueuedRequest, bytes]], runs: list[stats.Execution] | None = None,
+        claim_ahead: bool = False,
+    ) -> None:  # fmt: skip
         """One pipeline: statistics first (so a gateway that has its reply sees them), then
-        each encoded reply onto its gateway's list, then XACK and XDEL of the entries.
+        each encoded reply onto its gateway's list, then XACK and XDEL of the entries; with
+        ``claim_ahead``, then the serve loop's next claim (:meth:`_send_replies`).
 
         A Redis failure is retried with backoff until the batch's latest deadline: the
         gateway still waits on the same reply list, even on a restarted Redis. Past it, the
         error propagates and the entries stay pending; the reclaim pass takes them again
         (answered DeadlineExceeded by then). A pipeline cut midway may have pushed some
-        replies: the retry pushes them again and the gateway drops the second copy."""
+        replies: the retry pushes them again and the gateway drops the second copy. A retry
+        carries neither the statistics nor the claim: the failed attempt may have counted
+        them (a timeout waiting for its claim, the process frozen past the socket timeout,
+        comes after Redis ran everything else), and counting twice is worse than not at all."""
         give_up_at = max((queued.deadline for queued, _ in pairs), default=0.0)
         backoff = REDIS_BACKOFF_S[0]
         while True:
             try:
-                return await self._send_replies(pairs, runs)
+                return await self._send_replies(pairs, runs, claim_ahead)
             except RedisError as exc:
                 if time.time() + backoff > give_up_at:
                     raise
                 logger.warning("reply not sent (%s); retrying in %.1f s", exc, backoff)
+                runs, claim_ahead = None, False
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, REDIS_BACKOFF_S[1])
 
     async def _send_replies(
-        self, pairs: list[tuple[QueuedRequest, bytes]], runs: list[stats.Execution] | None
-    ) -> None:
+        self, pairs: list[tuple[QueuedRequest, bytes]], runs: list[stats.Execution] | None,
+        claim_ahead: bool = False,
+    ) -> None:  # fmt: skip
+        """The reply pipeline (:meth:`_reply`). With ``claim_ahead`` and unless stopping, the
+        next turn's claim (:meth:`_claim`, its idle time starting now) is its last command:
+        one write and one wake-up of Redis less per batch. Redis answers the commands before
+        it at once (the gateways have their replies) and this waits for the claim, which
+        blocks when the batcher is empty; what it claimed goes to the batcher, and the next
+        turn does not claim again and counts its idle time from the claim (:meth:`_turn`).
+        A failed claim is dropped (the next turn claims, and meets the failure there); a
+        failure before it raises."""
+        claim = None
+        if claim_ahead and self.batcher is not None and self.batcher.room and not self.stopping.is_set():
+            claim = self._claim(self.scaling.idle_timeout_s)
         async with self.redis.pipeline(transaction=False) as pipe:
             for run in runs or []:
                 stats.add_execution(pipe, self.model, run)
@@ -511,7 +560,19 @@ class Worker:
                 pipe.rpush(reply_to, b"".join(payloads))  # naiad.codec.decode_replies
                 pipe.expire(reply_to, keys.REPLY_TTL_S)
             self.queue.acknowledge(pipe, [queued for queued, _ in pairs])
-            await pipe.execute()
+            if not claim:
+                await pipe.execute()
+                return
+            sent = self.queue.read_on(pipe, *claim)
+            *results, reply = await pipe.execute(raise_on_error=False)
+        for result in results:
+            if isinstance(result, Exception):
+                raise result
+        if isinstance(reply, Exception):
+            logger.debug("claim sent with the replies failed: %s", reply)
+            return
+        self.batcher.add(await self.queue.claimed(reply, *claim, sent))
+        self._claimed_at = sent
 
     async def _fail_backlog(self, error: NaiadError) -> None:
         """A model that cannot load answers what waits for it with the reason, then exits."""

@@ -145,3 +145,54 @@ def test_poll_mode_brings_it_back_when_its_files_change(naiad_server, repository
     fix(repository)
     wait_for(lambda: ready(server), 15, "the fixed model to be ready again")
     np.testing.assert_array_equal(infer_http(server), infer_http(server, "digits"))
+
+
+def test_an_explicit_load_fails_at_once_with_the_load_error(naiad_server, repository):
+    """Triton's load_model loads before it answers: a corrupt or truncated ``model.onnx``, or
+    a Python model whose ``initialize`` raises, fails the load itself (HTTP 400, gRPC error)
+    with the load error, and the model is UNAVAILABLE with it; no worker is started for it.
+    Fixed, the same load answers READY and the model serves."""
+    shutil.copytree(repository / "bad", repository / "truncated")
+    config = repository / "truncated" / "config.pbtxt"
+    config.write_text(config.read_text().replace('name: "bad"', 'name: "truncated"'))
+    good = (repository / "digits" / "1" / "model.onnx").read_bytes()
+    (repository / "truncated" / "1" / "model.onnx").write_bytes(good[: len(good) // 2])
+    (repository / "pyinit" / "1").mkdir(parents=True)
+    (repository / "pyinit" / "config.pbtxt").write_text(
+        'name: "pyinit"\nbackend: "python"\nmax_batch_size: 0\n'
+        'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+    )
+    (repository / "pyinit" / "1" / "model.py").write_text(
+        "class TritonPythonModel:\n    def initialize(self, args):\n"
+        "        raise RuntimeError('weights file is missing')\n\n"
+        "    def execute(self, requests):\n        return []\n"
+    )
+    server = naiad_server(repository, extra_env=ENV, extra_args=[
+        "--model-control-mode", "explicit", "--load-model", "digits"])  # fmt: skip
+    http = httpclient.InferenceServerClient(server.url, network_timeout=60)
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        error = failure(lambda: http.load_model("bad"))
+        assert error.status() == "400" and f"failed to load 'bad': {LOAD_ERROR}" in error.message()
+        assert_unavailable_with_the_load_error(server)
+        error = failure(lambda: grpc.load_model("truncated"))
+        assert "failed to load 'truncated': unable to load model 'truncated' version 1 (onnxruntime)" in (
+            error.message())
+        assert not grpc.is_model_ready("truncated")
+        error = failure(lambda: http.load_model("pyinit"))
+        assert error.status() == "400" and error.message() == (
+            "failed to load 'pyinit': failed to load model 'pyinit': initialize() raised RuntimeError: "
+            "weights file is missing")
+        reason = index_entry(server, "pyinit")["reason"]
+        assert reason.endswith("initialize() raised RuntimeError: weights file is missing")
+        assert starts(server, "bad") == starts(server, "truncated") == starts(server, "pyinit") == 0
+
+        fix(repository)
+        http.load_model("bad")
+        assert http.is_model_ready("bad")
+    finally:
+        http.close()
+        grpc.close()
+    assert index_entry(server) == {"name": "bad", "version": "1", "state": "READY", "reason": ""}
+    np.testing.assert_array_equal(infer_http(server), infer_http(server, "digits"))

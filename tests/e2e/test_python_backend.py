@@ -271,3 +271,36 @@ def test_finalize_runs_when_the_worker_exits(tmp_path, example_repository):
         assert not finalized.exists()  # still serving
         wait_for(finalized.exists, 30, "finalize() to write its file after the idle exit")
     assert json.loads(finalized.read_text()) == {"model_name": "inspect_args", "executions": 1}
+
+
+@pytest.mark.parametrize(
+    ("mode", "message"),
+    [
+        ("undeclared", "the response of model 'misbehaving' has no output 'Y' (requested); it has 'W', "
+                       "which the model configuration does not declare"),
+        ("none", "the response of model 'misbehaving' has no output 'Y', 'Z' (requested)"),
+        ("int32", "model 'misbehaving' returned a bad output: configuration expects datatype TYPE_FP32 "
+                  "for output 'Y', model provides TYPE_INT32"),
+        ("wide", "model 'misbehaving' returned a bad output: output 'Y' has shape [1, 5], its "
+                 "configuration expects [1, 4] (-1: any size)"),
+        ("rows", "model 'misbehaving' returned a bad output: output 'Y' has shape [2, 4], its "
+                 "configuration expects [1, 4] (-1: any size)"),
+    ],
+)  # fmt: skip
+def test_outputs_that_contradict_the_config_fail_the_request(client, mode, message):
+    x = np.arange(4, dtype=np.float32).reshape(1, 4)
+    error = failure(lambda: client.infer("misbehaving", [tensor("X", x, "FP32")], parameters={"mode": mode}))
+    assert (error.status(), error.message()) == ("500", message)
+
+
+def test_only_declared_and_requested_outputs_are_sent(server, client):
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    every = client.infer("misbehaving", [tensor("X", x, "FP32")])
+    assert sorted(output["name"] for output in every.get_response()["outputs"]) == ["Y", "Z"]  # no 'W'
+    np.testing.assert_array_equal(every.as_numpy("Y"), x * 2)
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    item = grpcclient.InferInput("X", [2, 4], "FP32")
+    item.set_data_from_numpy(x)
+    only_z = grpc.infer("misbehaving", [item], outputs=[grpcclient.InferRequestedOutput("Z")])
+    assert [output.name for output in only_z.get_response().outputs] == ["Z"]
+    grpc.close()

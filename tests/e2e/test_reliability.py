@@ -155,8 +155,9 @@ def test_a_full_queue_answers_503_with_retry_after_at_once(
     redis_url, naiad_server, example_repository, tmp_path, digits_holdout
 ):
     """Triton's per-model ``default_queue_policy { max_queue_size }`` (2) over the server's
-    ``--max-queue-size`` (100): the third queued request is refused at once, 503 +
-    Retry-After over HTTP, UNAVAILABLE over gRPC; the queued ones are answered later."""
+    ``--max-queue-size`` (100), counting waiting requests only (the frozen worker's claimed
+    one executes): with two waiting the next is refused at once, 503 + Retry-After over
+    HTTP, UNAVAILABLE over gRPC; the queued ones are answered later."""
     repository = tmp_path / "repo"
     shutil.copytree(example_repository / "digits", repository / "digits")
     config = repository / "digits" / "config.pbtxt"
@@ -170,9 +171,11 @@ def test_a_full_queue_answers_503_with_retry_after_at_once(
     x = digits_holdout[0][:1]
     worker = frozen_worker(server, client, x)
     r = redis.Redis.from_url(redis_url)
+    workers = keys.workers("digits")  # the frozen worker stays live however slow this runs
+    r.zadd(workers, dict.fromkeys(r.zrange(workers, 0, -1), time.time() + 60))
     try:
-        queued = [client.async_infer("digits", http_inputs(x)) for _ in range(2)]
-        wait_for(lambda: r.xlen(STREAM) == 2, 5, "two queued requests")
+        queued = [client.async_infer("digits", http_inputs(x)) for _ in range(3)]
+        wait_for(lambda: r.xlen(STREAM) == 3 and pending_for(r) == 1, 5, "one claimed and two queued")
         started = time.monotonic()
         refused = requests.post(f"{server.http}/v2/models/digits/infer", json=json_body(x), timeout=5)
         assert time.monotonic() - started < 0.5
@@ -180,7 +183,7 @@ def test_a_full_queue_answers_503_with_retry_after_at_once(
         assert "full" in refused.json()["error"]
         with pytest.raises(Exception, match="StatusCode.UNAVAILABLE"):
             grpcclient.InferenceServerClient(server.grpc_url).infer("digits", grpc_inputs(x))
-        assert r.xlen(STREAM) == 2
+        assert r.xlen(STREAM) == 3
     finally:
         worker.send_signal(signal.SIGCONT)
     for result in queued:

@@ -4,13 +4,17 @@ and the model still scales back to zero afterwards."""
 from __future__ import annotations
 
 import concurrent.futures
+import re
 import signal
 import threading
+import time
+from pathlib import Path
 
 import numpy as np
 import redis
 import tritonclient.http as httpclient
 from naiad_harness import wait_for
+from tritonclient.utils import InferenceServerException
 
 from naiad import keys
 
@@ -49,7 +53,7 @@ def test_request_claimed_by_a_dead_worker_is_answered(redis_url, naiad_server, d
     assert not caller.is_alive(), "the request was lost"
     np.testing.assert_array_equal(answers[0].as_numpy("label"), expected_labels(digits_onnx, x))
     wait_for(lambda: server.workers("digits") == 0 and r.xlen(stream) == 0, 30, "scale to zero")
-    assert "reclaimed 1 requests" in server.log()
+    assert "reclaimed a request left by a dead worker (1 lost deliveries)" in server.log()
 
 
 def test_sigkill_under_traffic_loses_no_request(naiad_server, digits_holdout, digits_onnx):
@@ -80,3 +84,52 @@ def test_sigkill_under_traffic_loses_no_request(naiad_server, digits_holdout, di
         counts = [f.result(timeout=60) for f in futures]  # raises if any request failed
     assert all(count > 0 for count in counts)
     wait_for(lambda: server.workers("digits") == 0, 30, "scale to zero after the crash")
+
+
+POISON_REPOSITORY = Path(__file__).parent / "crash_models"
+
+
+def int_request(value: int) -> list[httpclient.InferInput]:
+    tensor = httpclient.InferInput("INPUT0", [1, 1], "INT32")
+    tensor.set_data_from_numpy(np.array([[value]], dtype=np.int32))
+    return [tensor]
+
+
+def test_a_request_that_kills_its_worker_fails_alone(naiad_server):
+    """``poison`` exits its process on input 99. One such request batched with four good
+    ones: the four are reclaimed and each run alone (``REQUESTS`` 1), answered right; the
+    poison one crashes one more worker, running alone, then is answered with a clear 500
+    (:data:`workers.reclaim.MAX_CRASHES`) long before its timeout; the model serves on,
+    and the statistics count it as a BACKEND failure."""
+    server = naiad_server(repository=POISON_REPOSITORY, idle_timeout_s=30, request_timeout_s=60)
+    client = httpclient.InferenceServerClient(server.url, network_timeout=90, concurrency=8)
+    assert client.infer("poison", int_request(1)).as_numpy("OUTPUT0").tolist() == [[2]]  # warm
+    values = [5, 6, 99, 7, 8]
+    started = time.monotonic()
+    calls = {v: client.async_infer("poison", int_request(v)) for v in values}  # one batch (0.5 s delay)
+    outcomes: dict[int, object] = {}
+    for value, call in calls.items():
+        try:
+            outcomes[value] = call.get_result()
+        except InferenceServerException as exc:
+            outcomes[value] = exc
+    elapsed_s = time.monotonic() - started
+    for value in (5, 6, 7, 8):
+        result = outcomes[value]
+        assert not isinstance(result, Exception), result
+        assert result.as_numpy("OUTPUT0").tolist() == [[value * 2]]
+        assert result.as_numpy("REQUESTS").tolist() == [[1]]  # reclaimed: run alone
+    error = outcomes[99]
+    assert isinstance(error, InferenceServerException), error
+    assert error.status() == "500", error
+    assert "model 'poison'" in error.message() and "exited unexpectedly 2 times" in error.message()
+    assert elapsed_s < 30, f"answered after {elapsed_s:.1f} s (timeout 60 s)"
+    assert client.infer("poison", int_request(4)).as_numpy("OUTPUT0").tolist() == [[8]]  # serves on
+    log = server.log()
+    assert log.count("exited unexpectedly (code 3)") == 2 and "2 times; not retried" in log
+    stats = client.get_inference_statistics("poison")["model_stats"][0]["inference_stats"]
+    assert stats["fail"]["count"] == 1 and stats["success"]["count"] == 6
+    failed = r'^nv_inference_request_failure\{[^}]*reason="BACKEND"[^}]*\} (\S+)$'
+    backend = re.search(failed, server.metrics(), re.M)
+    assert backend and float(backend.group(1)) == 1
+    client.close()

@@ -5,6 +5,7 @@ request withdraws its entry."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from naiad import keys
 from naiad.codec import Reply, decode_request, encode_reply
 from naiad.errors import DeadlineExceeded, Overloaded
 from naiad.inference import InferRequest, Tensor
+from naiad.queue_policy import Placement
 from naiad.redis_client import connect
 
 MODEL = "m"
@@ -88,6 +90,39 @@ def test_a_full_queue_refuses_at_once_and_atomically(redis_url: str) -> None:
         refused = sum(isinstance(r, Overloaded) for r in results)
         timed_out = sum(isinstance(r, DeadlineExceeded) for r in results)
         assert (refused, timed_out) == (48, 2)
+
+    run(redis_url, scenario)
+
+
+def test_max_queue_counts_waiting_requests_not_executing_ones(redis_url: str) -> None:
+    """Triton's ``max_queue_size`` bounds the scheduler's queue only: with a bound of 2 and
+    ``max_batch_size`` 1, a live worker's claimed request is executing, so two more wait and
+    the fourth is refused. Claims beyond one batch per live worker, and a dead worker's
+    claims, still count as waiting."""
+
+    async def scenario(dispatcher: QueueDispatcher, redis) -> None:
+        placement = Placement(0, STREAM, 2, 0.0, True, False, batch=1)
+        await redis.zadd(keys.workers(MODEL), {"w": time.time() + 60})  # "w" is live
+        tasks = [asyncio.create_task(dispatcher.infer(request(0), 10, placement=placement))]
+        assert len(await claim(redis, 1)) == 1  # executing
+        tasks += [asyncio.create_task(dispatcher.infer(request(i), 10, placement=placement)) for i in (1, 2)]
+        while await redis.xlen(STREAM) < 3:
+            await asyncio.sleep(0.01)
+        with pytest.raises(Overloaded, match="is full"):
+            await asyncio.wait_for(dispatcher.infer(request(3), 10, placement=placement), 1)
+        assert len(await claim(redis, 2)) == 2  # claimed past one batch: still waiting
+        with pytest.raises(Overloaded):
+            await asyncio.wait_for(dispatcher.infer(request(4), 10, placement=placement), 1)
+        wider = Placement(0, STREAM, 2, 0.0, True, False, batch=2)  # two executing: one waits
+        tasks.append(asyncio.create_task(dispatcher.infer(request(5), 10, placement=wider)))
+        while await redis.xlen(STREAM) < 4:
+            await asyncio.sleep(0.01)
+        await redis.zadd(keys.workers(MODEL), {"w": time.time() - 1})  # "w" died: its claims wait
+        with pytest.raises(Overloaded):
+            await asyncio.wait_for(dispatcher.infer(request(6), 10, placement=wider), 1)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     run(redis_url, scenario)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from naiad_harness import run_scenario as run
 
+from gateway.load_probe import LoadProbe
 from gateway.registry import ModelRegistry
 from repository_store import open_store
 
@@ -78,5 +79,24 @@ def test_explicit_mode_loads_composing_models_with_the_ensemble(redis_url: str, 
         assert refused.reason == (
             "ensemble 'ens' depends on 'simple' which is not ready: version 1 has no 'model.onnx'"
         )
+
+    run(redis_url, scenario)
+
+
+def test_an_explicit_load_checks_the_composing_models_it_loads(redis_url: str, tmp_path: Path) -> None:
+    """With the load check on (what ``naiad serve`` runs: :class:`LoadProbe`), loading the
+    ensemble loads ``simple`` in a child process; its file is no ONNX model, so ``simple`` is
+    published UNAVAILABLE with the load error and the ensemble is not ready because of it."""
+    root = write_repository(tmp_path / "models")
+
+    async def scenario(redis) -> None:
+        probe = LoadProbe(str(root), tmp_path / "cache", 1 << 30)
+        registry = ModelRegistry(redis, open_store(str(root)), load_check=probe)
+        await registry.start("explicit", [])
+        refused = await registry.load("ens")
+        simple = await registry.get("simple")
+        assert simple.state == "UNAVAILABLE"
+        assert simple.reason.startswith("unable to load model 'simple' version 1 (onnxruntime): ")
+        assert refused.reason == f"ensemble 'ens' depends on 'simple' which is not ready: {simple.reason}"
 
     run(redis_url, scenario)

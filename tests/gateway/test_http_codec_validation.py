@@ -110,6 +110,14 @@ def test_parse_rejects_malformed(body, length):
         parse_infer_request(body, length, "m", 1)
 
 
+@pytest.mark.parametrize("size", ["256", -4, True, 2.5, [8]], ids=repr)
+def test_parse_names_a_binary_data_size_that_is_not_a_size(size):
+    body, length = binary({"inputs": [spec(parameters={"binary_data_size": size})]}, b"\0" * 8)
+    with pytest.raises(InvalidInput) as caught:
+        parse_infer_request(body, length, "m", 1)
+    assert caught.value.message == f"input 'x': binary_data_size must be a non-negative integer, got {size!r}"
+
+
 def test_parse_header_length_equal_to_body_is_json_only():
     body = json.dumps({"inputs": [spec(data=[1, 2])]}).encode()
     assert parse_infer_request(body, len(body), "m", 1).inputs[0].shape == [1, 2]

@@ -73,7 +73,7 @@ def test_queue_timeout_override(default_us, allowed, requested, expected):
 def test_place():
     cfg = config(LEVELS)
     default = queue_policy.place("m", cfg, {}, server_max_queue=100)
-    assert default == queue_policy.Placement(2, "naiad:{m}:requests:2", 5, 2.0, True, False)
+    assert default == queue_policy.Placement(2, "naiad:{m}:requests:2", 5, 2.0, True, False, batch=8)
     high = queue_policy.place("m", cfg, {"priority": 1}, 100)
     assert (high.level, high.stream, high.max_queue, high.timeout_s, high.reject) == (
         1, "naiad:{m}:requests", 100, 0.001, False

@@ -85,8 +85,8 @@ def test_only_requested_outputs_go_back(tmp_path):
 def test_input_reshape_is_applied(tmp_path):
     folder = write_model(tmp_path, "m", ECHO)
     reshaped = CONFIG.replace("{reshape}", "reshape: { shape: [ 2, 2 ] }")
-    (outputs,) = load(folder, reshaped).execute_requests([request(3.0, rows=2)])
-    assert outputs[1].data.tolist() == [[3], [3]]  # the model saw [batch, 2, 2]
+    (outputs,) = load(folder, reshaped).execute_requests([request(3.0, outputs=("Z",), rows=2)])
+    assert outputs[0].data.tolist() == [[3], [3]]  # the model saw [batch, 2, 2]
 
 
 @pytest.mark.parametrize(
@@ -126,7 +126,7 @@ def test_async_execute_and_finalize_once(tmp_path):
                     out.write("done\\n")
     """
     backend = load(write_model(tmp_path, "m", source))
-    (outputs,) = backend.execute_requests([request(2.0)])
+    (outputs,) = backend.execute_requests([request(2.0, outputs=("Y",))])
     np.testing.assert_array_equal(outputs[0].data, np.full((1, 4), 4.0, np.float32))
     backend.close()
     backend.close()
@@ -184,3 +184,68 @@ def test_auto_complete_config_failure_makes_the_model_unavailable(tmp_path):
         "auto_complete_config of model 'm' failed: ValueError: unable to load model 'm', "
         "configuration expects datatype TYPE_FP32 for input 'X', model provides TYPE_INT8"
     )
+
+
+#: An ``execute`` answering each request with the tensors ``{tensors}`` builds from ``x``.
+RETURNS = """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            out = []
+            for r in requests:
+                x = pb_utils.get_input_tensor_by_name(r, "X").as_numpy()
+                z = np.ones((len(x), 1), np.int32)
+                out.append(pb_utils.InferenceResponse({tensors}))
+            return out
+"""
+
+
+@pytest.mark.parametrize(
+    ("tensors", "message"),
+    [
+        ('[pb_utils.Tensor("W", x), pb_utils.Tensor("Z", z)]',
+         "the response of model 'm' has no output 'Y' (requested); it has 'W', which the model "
+         "configuration does not declare"),
+        ("[]", "the response of model 'm' has no output 'Y', 'Z' (requested)"),
+        ('[pb_utils.Tensor("Y", x.astype(np.int32)), pb_utils.Tensor("Z", z)]',
+         "model 'm' returned a bad output: configuration expects datatype TYPE_FP32 for output 'Y', "
+         "model provides TYPE_INT32"),
+        ('[pb_utils.Tensor("Y", np.zeros((len(x), 5), np.float32)), pb_utils.Tensor("Z", z)]',
+         "model 'm' returned a bad output: output 'Y' has shape [1, 5], its configuration expects "
+         "[1, 4] (-1: any size)"),
+        ('[pb_utils.Tensor("Y", np.concatenate([x, x])), pb_utils.Tensor("Z", z)]',
+         "output 'Y' has shape [2, 4], its configuration expects [1, 4]"),
+        ('[pb_utils.Tensor("Y", x[0]), pb_utils.Tensor("Z", z)]',
+         "output 'Y' has shape [4], its configuration expects [1, 4]"),
+    ],
+    ids=["undeclared-name", "no-outputs", "wrong-datatype", "wrong-dims", "extra-rows", "no-batch-dim"],
+)  # fmt: skip
+def test_outputs_that_contradict_the_config_fail_their_request(tmp_path, tensors, message):
+    backend = load(write_model(tmp_path, "m", RETURNS.replace("{tensors}", tensors)))
+    (result,) = backend.execute_requests([request(1.0)])
+    assert isinstance(result, InferenceFailed) and result.status == HTTPStatus.INTERNAL_SERVER_ERROR
+    assert message in result.message
+
+
+def test_undeclared_and_unrequested_outputs_are_dropped(tmp_path):
+    """As Triton's stub prunes a response to the requested outputs: an extra output, declared
+    or not, is not sent and not checked."""
+    tensors = '[pb_utils.Tensor("Z", z), pb_utils.Tensor("W", x), pb_utils.Tensor("Y", x[0])]'
+    backend = load(write_model(tmp_path, "m", RETURNS.replace("{tensors}", tensors)))
+    (only_z,) = backend.execute_requests([request(1.0, outputs=("Z",), rows=3)])
+    assert [(t.name, t.shape) for t in only_z] == [("Z", [3, 1])]
+
+
+def test_an_output_reshape_is_checked_on_the_model_side(tmp_path):
+    """With ``reshape`` the model produces ``reshape.shape`` and the client gets ``dims``."""
+    config = CONFIG.replace('dims: [ 4 ] }, {', 'dims: [ 4 ] reshape: { shape: [ 2, 2 ] } }, {')
+    tensors = '[pb_utils.Tensor("Y", x.reshape(len(x), 2, 2)), pb_utils.Tensor("Z", z)]'
+    backend = load(write_model(tmp_path, "m", RETURNS.replace("{tensors}", tensors), config=config))
+    (outputs,) = backend.execute_requests([request(1.0, rows=2)])
+    assert [(t.name, t.shape) for t in outputs] == [("Y", [2, 4]), ("Z", [2, 1])]
+    flat = '[pb_utils.Tensor("Y", x), pb_utils.Tensor("Z", z)]'
+    backend = load(write_model(tmp_path, "n", RETURNS.replace("{tensors}", flat), config=config))
+    (error,) = backend.execute_requests([request(1.0, rows=2)])
+    assert "output 'Y' has shape [2, 4], its configuration expects [2, 2, 2]" in error.message

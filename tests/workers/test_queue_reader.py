@@ -97,9 +97,12 @@ def test_reclaims_a_dead_workers_entries_on_every_level(redis_url: str) -> None:
             await redis.xadd(stream, fields(level))
             await redis.xreadgroup(keys.WORKER_GROUP, "dead", {stream: ">"}, count=1)
         await redis.zadd(keys.workers(MODEL), {"w1": 1e12})  # only w1 has a live heartbeat
-        taken = await reader.reclaim(0)
-        assert sorted((value(q), q.level) for q in taken) == [(1, 1), (3, 3)]
-        assert [value(q) for q in await reader.still_ours(taken)] == [value(q) for q in taken]
+        first = await reader.reclaim(0)  # one at a time, highest level first
+        second = await reader.reclaim(0, held=[first])
+        assert (value(first), first.level, value(second), second.level) == (1, 1, 3, 3)
+        assert first.deliveries == second.deliveries == 2
+        assert await reader.reclaim(0, held=[first, second]) is None
+        assert [value(q) for q in await reader.still_ours([first, second])] == [1, 3]
         consumers = await redis.xinfo_consumers(keys.request_stream(MODEL, 3), keys.WORKER_GROUP)
         assert [c["name"] for c in consumers] == [b"w1"]  # the dead one left the group
 

@@ -6,6 +6,7 @@ never outlives the server (the harness checks for leftovers at teardown)."""
 
 from __future__ import annotations
 
+import pathlib
 import signal
 import subprocess
 import sys
@@ -54,6 +55,9 @@ def test_a_cold_start_claims_the_pool_process_and_the_pool_refills(naiad_server,
 
     np.testing.assert_array_equal(infer(server, x), expected)
     assert server.worker_processes("digits") == [pooled]  # the same process, now digits'
+    # ... and `ps` says so: its title is the worker command it runs, no longer `worker --pool`.
+    title = pathlib.Path(f"/proc/{pooled.pid}/cmdline").read_bytes().rstrip(b"\0").decode()
+    assert title.startswith("naiad worker --model digits ") and "--pool" not in title
     assert server.workers("digits") == 1
     assert counter(server, "naiad_cold_starts_total") == 1
     assert counter(server, "naiad_warm_pool_claims_total") == 1

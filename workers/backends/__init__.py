@@ -73,6 +73,19 @@ def load_backend(version_dir: Path, config: mc.ModelConfig, device: str) -> Back
                             f"({name}): {exc}") from exc  # fmt: skip
 
 
+def framework_missing(name: str) -> bool:
+    """True when ``name`` is a backend of this build whose module does not import here (its
+    framework is not installed: a gateway-only image); False for one that imports, and for
+    a name this build has no backend for (loading that fails with :class:`Unsupported`)."""
+    if name not in _MODULES:
+        return False
+    try:
+        importlib.import_module(_MODULES[name])
+    except ImportError:
+        return True
+    return False
+
+
 def _install_hint(name: str) -> str:
     """How to install backend ``name``: its pip extra, or naiad itself for a backend that
     needs no framework (``python``)."""

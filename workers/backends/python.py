@@ -20,7 +20,14 @@ imports :mod:`triton_python_backend_utils`. Here:
   ``async def execute`` runs on the backend's own event loop, where ``async_exec`` BLS calls
   are awaited (:mod:`workers.bls`).
 - **Outputs**: only the requested ones go back (all of the config's when the client asked for
-  none, as Triton's core fills them in); their datatype is the numpy array's.
+  none, as Triton's core fills them in; the stub prunes the rest, python_backend
+  ``InferResponse::PruneOutputTensors``), so an output the config does not declare never
+  reaches a client. Each one sent is checked against its config entry (:func:`output_fault`):
+  a datatype or shape (``reshape.shape`` when given, else ``dims``, the request's batch size
+  in front when the model batches) that contradicts it, or a requested output missing from
+  the response, fails that request (500) with a message naming the output. Triton's Python
+  backend passes such outputs through unchecked; its framework backends reject them
+  ("configuration expects datatype ... for output ..."), which is what a client relies on.
 - **Finalize**: :meth:`PythonBackend.close` calls ``finalize()`` when the worker exits.
 """
 
@@ -45,7 +52,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 import triton_python_backend_utils as pb_utils
-from naiad.datatypes import datatype_of
+from naiad.datatypes import datatype_of, datatype_to_config
 from naiad.errors import (
     DeadlineExceeded,
     InferenceFailed,
@@ -114,6 +121,28 @@ def instance_args(version_dir: Path, config: mc.ModelConfig, device: str) -> dic
     }
 
 
+def output_fault(spec: mc.ModelOutput, array: np.ndarray, rows: int | None) -> str | None:
+    """Why ``array`` cannot be output ``spec`` of one request, or None when it fits: the
+    config's datatype (``TYPE_STRING`` is BYTES: object or byte-string arrays) and shape
+    (``reshape.shape`` when given, else ``dims``; ``-1`` matches any size), with ``rows``
+    in front when the model batches (None: it does not)."""
+    expected = mc.DataType.Name(spec.data_type)
+    try:
+        provided = datatype_to_config(datatype_of(array.dtype))
+    except InvalidInput:
+        provided = f"numpy {array.dtype}"
+    if provided != expected:
+        name = spec.name
+        return f"configuration expects datatype {expected} for output '{name}', model provides {provided}"
+    dims = list(spec.reshape.shape) if spec.HasField("reshape") else list(spec.dims)
+    shape = ([rows] if rows is not None else []) + dims
+    got = array.shape
+    if len(got) != len(shape) or any(d not in (-1, a) for d, a in zip(shape, got, strict=True)):
+        return (f"output '{spec.name}' has shape {list(array.shape)}, its configuration expects "
+                f"{shape} (-1: any size)")  # fmt: skip
+    return None
+
+
 def import_model_file(path: Path, model: str) -> ModuleType:
     """Import ``path`` as a fresh module (a unique name, so versions and models never share
     one), with its folder on ``sys.path``. Raises what the import raises."""
@@ -142,6 +171,7 @@ class PythonBackend:
         self.args = instance_args(path.parent, config, device)
         self.instance = self.args["model_instance_name"]
         self.output_names = [spec.name for spec in config.output]
+        self.output_specs = {spec.name: spec for spec in config.output}
         self.batching = config.max_batch_size > 0
         self.input_reshape = {s.name: list(s.reshape.shape) for s in config.input if s.HasField("reshape")}
         self.output_dims = {s.name: list(s.dims) for s in config.output if s.HasField("reshape")}
@@ -184,8 +214,14 @@ class PythonBackend:
         or does not return one ``InferenceResponse`` per request (the whole batch fails)."""
         pb_requests = [self._request(r) for r in requests]
         responses = self._execute(pb_requests)
-        pairs = zip(responses, pb_requests, strict=True)
-        return [self._outputs(response, request) for response, request in pairs]
+        triples = zip(responses, pb_requests, requests, strict=True)
+        return [self._outputs(response, pb, self._rows(request)) for response, pb, request in triples]
+
+    def _rows(self, request: InferRequest) -> int | None:
+        """The request's batch size when the model batches (its inputs' first dimension)."""
+        if not self.batching:
+            return None
+        return request.inputs[0].shape[0] if request.inputs and request.inputs[0].shape else 1
 
     def _execute(self, requests: list[pb_utils.InferenceRequest]) -> list[pb_utils.InferenceResponse]:
         with self._lock:
@@ -229,22 +265,36 @@ class PythonBackend:
         return array
 
     def _outputs(
-        self, response: pb_utils.InferenceResponse, request: pb_utils.InferenceRequest
+        self, response: pb_utils.InferenceResponse, request: pb_utils.InferenceRequest, rows: int | None
     ) -> list[Tensor] | NaiadError:
+        """The requested outputs of ``response``, checked against the config (Triton's
+        pruning: the others are dropped), or the error that fails the request."""
         if response.has_error():
             return naiad_error(response.error())
-        wanted = set(request.requested_output_names())
-        outputs = []
+        wanted = request.requested_output_names()
+        given = {}
         for tensor in response.output_tensors():
-            if tensor.name() not in wanted:
-                continue
-            array = self._client_output(tensor.name(), tensor.as_numpy())
-            try:
-                outputs.append(Tensor(tensor.name(), datatype_of(array.dtype), list(array.shape), array))
-            except InvalidInput as exc:
-                return InferenceFailed(f"output '{tensor.name()}' of model '{self.config.name}': "
-                                       f"{exc.message}")
+            given.setdefault(tensor.name(), tensor)
+        missing = [name for name in wanted if name not in given]
+        if missing:
+            return InferenceFailed(self._missing_message(missing, given))
+        outputs = []
+        for name in [n for n in given if n in wanted]:
+            array = given[name].as_numpy()
+            fault = output_fault(self.output_specs[name], array, rows)
+            if fault is not None:
+                return InferenceFailed(f"model '{self.config.name}' returned a bad output: {fault}")
+            array = self._client_output(name, array)
+            outputs.append(Tensor(name, datatype_of(array.dtype), list(array.shape), array))
         return outputs
+
+    def _missing_message(self, missing: list[str], given: dict[str, Any]) -> str:
+        names = ", ".join(f"'{n}'" for n in missing)
+        message = f"the response of model '{self.config.name}' has no output {names} (requested)"
+        undeclared = [f"'{n}'" for n in given if n not in self.output_specs]
+        if undeclared:
+            message += f"; it has {', '.join(undeclared)}, which the model configuration does not declare"
+        return message
 
     def _client_output(self, name: str, array: np.ndarray) -> np.ndarray:
         """``array`` in the config's ``dims`` when the output has a ``reshape``."""
