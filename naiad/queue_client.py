@@ -220,8 +220,8 @@ class QueueDispatcher:
     async def _send(
         self, request: InferRequest, fields: dict[bytes, bytes], now: float, placement: Placement
     ) -> bytes:
-        """The bounded XADD and the live-worker count in one round trip (one EVALSHA: a
-        pipeline holding a script would first ask SCRIPT EXISTS); the new entry's id."""
+        """The bounded XADD and the live-worker count in one round trip (:meth:`_add`: one
+        EVALSHA, or one pipeline shared with the enqueues made meanwhile); the new entry's id."""
         stream, max_queue = placement.stream, placement.max_queue
         args: list[bytes | int | float | str] = [max_queue, now, keys.WORKER_GROUP, placement.batch]
         for name, value in fields.items():
@@ -268,7 +268,7 @@ class QueueDispatcher:
                 for script_keys, args, _ in adds:
                     pipe.eval(BOUNDED_XADD, len(script_keys), *script_keys, *args)
                 results = await pipe.execute(raise_on_error=False)
-        except RedisError as exc:
+        except Exception as exc:  # each waiting caller sees it (RedisError: Unavailable)
             results = [exc] * len(adds)
         except asyncio.CancelledError:  # the client is closing
             for _, _, future in adds:
