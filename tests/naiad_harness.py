@@ -21,10 +21,14 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import onnx
 import psutil
 import requests
+from onnx import TensorProto, helper
 from redis.asyncio import Redis
 
+from naiad import keys
+from naiad.queue_client import QueueDispatcher
 from naiad.redis_client import connect
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -240,3 +244,56 @@ def run_scenario(redis_url: str, scenario: Callable[[Redis], Awaitable[None]]) -
             await redis.aclose()
 
     asyncio.run(main())
+
+
+def slow_onnx(matmuls: int, side: int = 1024, width: int = 1, offset: float = 0.0) -> onnx.ModelProto:
+    """An ONNX model doing real work per request: ``y = x + mean(M^k) + offset``, FP32
+    ``[batch, width]`` in and out, ``M`` a ``side`` x ``side`` matrix of ``mean(x) / side``
+    (built from the input, so ONNX Runtime cannot fold the ``matmuls`` MatMuls away). With
+    x = 1, ``mean(M^k) = 1/side``; with x = 0 it is 0."""
+    nodes = [
+        helper.make_node("Constant", [], ["shape"],
+                         value=helper.make_tensor("s", TensorProto.INT64, [2], [side, side])),
+        helper.make_node("Constant", [], ["scale"],
+                         value=helper.make_tensor("c", TensorProto.FLOAT, [], [1.0 / side])),
+        helper.make_node("Constant", [], ["offset"],
+                         value=helper.make_tensor("o", TensorProto.FLOAT, [], [offset])),
+        helper.make_node("ReduceMean", ["x"], ["xm"], keepdims=0),
+        helper.make_node("Mul", ["xm", "scale"], ["xs"]),
+        helper.make_node("Expand", ["xs", "shape"], ["m0"]),
+    ]  # fmt: skip
+    nodes += [helper.make_node("MatMul", [f"m{i}", "m0"], [f"m{i + 1}"]) for i in range(matmuls)]
+    nodes += [
+        helper.make_node("ReduceMean", [f"m{matmuls}"], ["r"], keepdims=0),
+        helper.make_node("Add", ["x", "r"], ["xr"]),
+        helper.make_node("Add", ["xr", "offset"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "slow",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, width])],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def run_dispatcher_scenario(
+    redis_url: str, scenario: Callable[[QueueDispatcher, Redis], Awaitable[None]], streams: Sequence[str]
+) -> None:
+    """Run ``await scenario(dispatcher, redis)`` with a started :class:`QueueDispatcher` and the
+    workers' consumer group created on each of ``streams``; everything closed whatever happens,
+    the whole bounded to 60 s."""
+
+    async def main() -> None:
+        redis, reader = connect(redis_url), connect(redis_url, longest_block_s=5)
+        dispatcher = QueueDispatcher(redis, reader)
+        await dispatcher.start()
+        for stream in streams:
+            await redis.xgroup_create(stream, keys.WORKER_GROUP, id="0", mkstream=True)
+        try:
+            await scenario(dispatcher, redis)
+        finally:
+            await dispatcher.stop()
+            await reader.aclose()
+            await redis.aclose()
+
+    asyncio.run(asyncio.wait_for(main(), 60))

@@ -14,33 +14,12 @@ import onnx
 import psutil
 import pytest
 import tritonclient.http as httpclient
-from naiad_harness import wait_for
-from onnx import TensorProto, helper
+from naiad_harness import slow_onnx, wait_for
 
 from naiad.host import GpuReader
 
 ENV = {"NAIAD_WARM_POOL_SIZE": "0"}
 SIDE = 512
-
-
-def slow_onnx(matmuls: int) -> onnx.ModelProto:
-    """``y = x + mean(M^k)``, ``M`` a SIDE x SIDE matrix built from ``x`` (so ONNX Runtime
-    cannot fold the ``matmuls`` MatMuls away)."""
-    nodes = [
-        helper.make_node("Constant", [], ["shape"],
-                         value=helper.make_tensor("s", TensorProto.INT64, [2], [SIDE, SIDE])),
-        helper.make_node("ReduceMean", ["x"], ["xm"], keepdims=0),
-        helper.make_node("Expand", ["xm", "shape"], ["m0"]),
-    ]  # fmt: skip
-    nodes += [helper.make_node("MatMul", [f"m{i}", "m0"], [f"m{i + 1}"]) for i in range(matmuls)]
-    nodes += [helper.make_node("ReduceMean", [f"m{matmuls}"], ["r"], keepdims=0),
-              helper.make_node("Add", ["x", "r"], ["y"])]  # fmt: skip
-    graph = helper.make_graph(
-        nodes, "slow",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 1])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 1])],
-    )  # fmt: skip
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
 def write_model(repository: Path, name: str, extra: str, matmuls: int) -> None:
@@ -51,7 +30,7 @@ def write_model(repository: Path, name: str, extra: str, matmuls: int) -> None:
         'input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
         'output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n' + extra
     )
-    onnx.save(slow_onnx(matmuls), str(folder / "1" / "model.onnx"))
+    onnx.save(slow_onnx(matmuls, side=SIDE), str(folder / "1" / "model.onnx"))
 
 
 def infer(server, model: str) -> float:

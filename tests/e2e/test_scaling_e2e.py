@@ -20,41 +20,12 @@ import pytest
 import redis
 import requests
 import tritonclient.http as httpclient
-from naiad_harness import wait_for
-from onnx import TensorProto, helper
+from naiad_harness import slow_onnx, wait_for
 
 from naiad import keys
 
 ENV = {"NAIAD_WARM_POOL_SIZE": "0"}
 SIDE = 1024
-
-
-def slow_onnx(matmuls: int, offset: float = 0.0) -> onnx.ModelProto:
-    """``y = x + mean(M^k) + offset`` where ``M`` (SIDE x SIDE) is built from ``mean(x)``:
-    ``matmuls`` real MatMuls per run. With x = 1, ``mean(M^k) = 1/SIDE``."""
-    nodes = [
-        helper.make_node("Constant", [], ["shape"],
-                         value=helper.make_tensor("s", TensorProto.INT64, [2], [SIDE, SIDE])),
-        helper.make_node("Constant", [], ["scale"],
-                         value=helper.make_tensor("c", TensorProto.FLOAT, [], [1.0 / SIDE])),
-        helper.make_node("Constant", [], ["offset"],
-                         value=helper.make_tensor("o", TensorProto.FLOAT, [], [offset])),
-        helper.make_node("ReduceMean", ["x"], ["xm"], keepdims=0),
-        helper.make_node("Mul", ["xm", "scale"], ["xs"]),
-        helper.make_node("Expand", ["xs", "shape"], ["m0"]),
-    ]  # fmt: skip
-    nodes += [helper.make_node("MatMul", [f"m{i}", "m0"], [f"m{i + 1}"]) for i in range(matmuls)]
-    nodes += [
-        helper.make_node("ReduceMean", [f"m{matmuls}"], ["r"], keepdims=0),
-        helper.make_node("Add", ["x", "r"], ["xr"]),
-        helper.make_node("Add", ["xr", "offset"], ["y"]),
-    ]
-    graph = helper.make_graph(
-        nodes, "slow",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 1])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 1])],
-    )  # fmt: skip
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
 def write_model(repository: Path, name: str, parameters: dict[str, str] | None = None,
@@ -75,7 +46,7 @@ def write_model(repository: Path, name: str, parameters: dict[str, str] | None =
     )
     staging = repository.parent / f".{name}-{version}"
     staging.mkdir()
-    onnx.save(slow_onnx(matmuls, offset), str(staging / "model.onnx"))
+    onnx.save(slow_onnx(matmuls, side=SIDE, offset=offset), str(staging / "model.onnx"))
     staging.rename(folder / str(version))
 
 

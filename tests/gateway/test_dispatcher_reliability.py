@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+from naiad_harness import run_dispatcher_scenario
 
 from gateway.dispatcher import QueueDispatcher
 from naiad import keys
@@ -16,7 +17,6 @@ from naiad.codec import Reply, decode_request, encode_reply
 from naiad.errors import DeadlineExceeded, Overloaded
 from naiad.inference import InferRequest, Tensor
 from naiad.queue_policy import Placement
-from naiad.redis_client import connect
 
 MODEL = "m"
 STREAM = keys.request_stream(MODEL)
@@ -31,19 +31,7 @@ def answer(queue_id: str, value: float) -> bytes:
 
 
 def run(redis_url: str, scenario) -> None:
-    async def main() -> None:
-        redis, reader = connect(redis_url), connect(redis_url, longest_block_s=5)
-        dispatcher = QueueDispatcher(redis, reader)
-        await dispatcher.start()
-        await redis.xgroup_create(STREAM, keys.WORKER_GROUP, id="0", mkstream=True)
-        try:
-            await scenario(dispatcher, redis)
-        finally:
-            await dispatcher.stop()
-            await reader.aclose()
-            await redis.aclose()
-
-    asyncio.run(asyncio.wait_for(main(), 60))
+    run_dispatcher_scenario(redis_url, scenario, [STREAM])
 
 
 async def claim(redis, count: int = 10) -> list:

@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+from naiad_harness import run_dispatcher_scenario
 
 from naiad import keys
 from naiad.codec import Reply, decode_request, encode_reply
@@ -17,7 +18,6 @@ from naiad.errors import Overloaded, QueueTimeout
 from naiad.inference import InferRequest, Tensor
 from naiad.queue_client import QueueDispatcher
 from naiad.queue_policy import Placement
-from naiad.redis_client import connect
 
 MODEL = "m"
 HIGH, LOW = keys.request_stream(MODEL, 1), keys.request_stream(MODEL, 2)
@@ -33,20 +33,7 @@ def placement(stream: str = HIGH, max_queue: int = 0, timeout_s: float = 0.0, re
 
 
 def run(redis_url: str, scenario) -> None:
-    async def main() -> None:
-        redis, reader = connect(redis_url), connect(redis_url, longest_block_s=5)
-        dispatcher = QueueDispatcher(redis, reader)
-        await dispatcher.start()
-        for stream in (HIGH, LOW):
-            await redis.xgroup_create(stream, keys.WORKER_GROUP, id="0", mkstream=True)
-        try:
-            await scenario(dispatcher, redis)
-        finally:
-            await dispatcher.stop()
-            await reader.aclose()
-            await redis.aclose()
-
-    asyncio.run(asyncio.wait_for(main(), 60))
+    run_dispatcher_scenario(redis_url, scenario, [HIGH, LOW])
 
 
 async def claim(redis, stream: str = HIGH, count: int = 10) -> list:

@@ -3,15 +3,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 from pathlib import Path
 
 import pytest
-from naiad_harness import upload_tree
+from naiad_harness import run_scenario, upload_tree
 
 from gateway.registry import ModelRegistry
-from naiad.redis_client import connect
 from repository_store import LocalStore, S3Store
 
 
@@ -73,11 +71,4 @@ def test_poll_reindexes_only_changed_models(redis_url: str, counting_store, tmp_
         assert not await registry.poll()
         assert store.reads == []
 
-    async def main() -> None:
-        redis = connect(redis_url)
-        try:
-            await scenario(redis)
-        finally:
-            await redis.aclose()
-
-    asyncio.run(main())
+    run_scenario(redis_url, scenario)

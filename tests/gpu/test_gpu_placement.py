@@ -22,14 +22,13 @@ import onnx
 import psutil
 import pytest
 import requests
-from naiad_harness import NaiadServer, run_server
+from naiad_harness import NaiadServer, run_server, slow_onnx
 from onnx import TensorProto, helper
 
 from naiad.host import GpuDevice, GpuReader
 from workers.placement import visible_gpus
 
 ENV = {"NAIAD_WARM_POOL_SIZE": "0"}
-SIDE = 1024
 
 
 def torch_on_cuda() -> bool:
@@ -76,25 +75,6 @@ def double_onnx(path: Path) -> None:
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
 
 
-def slow_onnx(path: Path, matmuls: int = 48) -> None:
-    """``y = x + mean(M^k)`` with ``M`` SIDE x SIDE built from ``x``: real work per request."""
-    nodes = [
-        helper.make_node("Constant", [], ["shape"],
-                         value=helper.make_tensor("s", TensorProto.INT64, [2], [SIDE, SIDE])),
-        helper.make_node("ReduceMean", ["x"], ["xm"], keepdims=0),
-        helper.make_node("Expand", ["xm", "shape"], ["m0"]),
-    ]  # fmt: skip
-    nodes += [helper.make_node("MatMul", [f"m{i}", "m0"], [f"m{i + 1}"]) for i in range(matmuls)]
-    nodes += [helper.make_node("ReduceMean", [f"m{matmuls}"], ["r"], keepdims=0),
-              helper.make_node("Add", ["x", "r"], ["y"])]  # fmt: skip
-    graph = helper.make_graph(
-        nodes, "slow",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 4])],
-    )  # fmt: skip
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
-
-
 def double_torchscript(path: Path) -> None:
     import torch
 
@@ -120,7 +100,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NaiadServer]:
           "instance_group [ { kind: KIND_GPU count: 2 gpus: [ 0 ] } ]\n"
           'parameters { key: "naiad.max_workers" value: { string_value: "5" } }\n'
           'parameters { key: "naiad.target_inflight" value: { string_value: "1" } }'),
-          "model.onnx", slow_onnx)  # fmt: skip
+          "model.onnx", lambda path: onnx.save(slow_onnx(48, width=4), str(path)))  # fmt: skip
     if torch_on_cuda():
         torch_tensors = ('input [ { name: "input__0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
                          'output [ { name: "output__0" data_type: TYPE_FP32 dims: [ 4 ] } ]')  # fmt: skip
