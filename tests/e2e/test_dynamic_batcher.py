@@ -207,18 +207,21 @@ def test_high_priority_overtakes_and_each_level_has_its_bound(
 def test_queue_timeouts_reject_and_delay(
     r, redis_url, naiad_server, example_repository, tmp_path, digits_holdout
 ):
-    """Level 1: DELAY after 1 s; level 2 (the default): REJECT after 300 ms, which a
+    """Level 1: DELAY after 1 s; level 2 (the default): REJECT after 2 s, which a
     request's ``timeout`` may shorten but not lengthen. With the worker frozen: X (claimed by
     it) is rejected by the worker once resumed; R1 (timeout 100 ms) and R3 (timeout 5 s, not
-    honoured: still 300 ms) are refused while unclaimed, at once, over HTTP and gRPC, with
+    honoured: still 2 s) are refused while unclaimed, at once, over HTTP and gRPC, with
     Triton's "Request timeout expired"; D (level 1) outlives its timeout and is answered after
-    N, a level-1 request that came later but has not timed out."""
+    N, a level-1 request that came later but has not timed out. Each refusal is timed only
+    against the bounds that tell the rules apart (its own timeout, the level's, 5 s), so a busy
+    machine cannot fail it."""
     repo = repository(tmp_path, example_repository, (
         "priority_levels: 2 default_priority_level: 2 "
         "priority_queue_policy { key: 1 value: { timeout_action: DELAY "
         "default_timeout_microseconds: 1000000 } } "
-        "priority_queue_policy { key: 2 value: { timeout_action: REJECT default_timeout_microseconds: 300000 "
-        "allow_timeout_override: true } }"), max_batch_size=1)  # fmt: skip
+        "priority_queue_policy { key: 2 value: { timeout_action: REJECT "
+        "default_timeout_microseconds: 2000000 allow_timeout_override: true } }"),
+        max_batch_size=1)  # fmt: skip
     server = serve(naiad_server, redis_url, repo)
     x = digits_holdout[0]
     worker = freeze(server, x[:1], priority=1)  # a cold start takes longer than level 2 allows
@@ -229,7 +232,7 @@ def test_queue_timeouts_reject_and_delay(
         wait_for(lambda: pending(r, LOW) == 1, 10, "the frozen worker's claim")
         calls.send("D", x[2:3], priority=1)
         d_sent = time.monotonic()
-        for timeout_us, within_s in ((100_000, (0.1, 0.3)), (5_000_000, (0.3, 1.5))):
+        for timeout_us, within_s in ((100_000, (0.1, 2.0)), (5_000_000, (2.0, 5.0))):
             started = time.monotonic()
             with pytest.raises(Exception, match="Request timeout expired") as caught:
                 http.infer("digits", http_inputs(x[3:4]), timeout=timeout_us)

@@ -156,17 +156,27 @@ def test_dynamic_batch_is_one_execute_with_per_request_errors(client):
     assert outcomes[3].status() == "400" and "-400 is not a valid input" in outcomes[3].message()
 
 
+def executions(client, model: str) -> int:
+    """Batches ``model`` executed successfully so far (a failed execute call counts none)."""
+    return int(client.get_inference_statistics(model)["model_stats"][0]["execution_count"])
+
+
 def test_exception_in_execute_fails_its_batch_only(client):
+    before = executions(client, "batcher")
     unlucky = client.async_infer("batcher", [tensor("INPUT0", np.array([[13.0]], dtype=np.float32), "FP32")])
     other = client.async_infer("batcher", [tensor("INPUT0", np.array([[4.0]], dtype=np.float32), "FP32")])
     error = failure(unlucky.get_result)
     assert error.status() == "500"
     assert "unlucky 13" in error.message() and "TritonModelException" in error.message()
     try:
-        alone = other.get_result()  # a batch of its own: served
+        alone = other.get_result()  # a batch of its own: served, and that batch counted
         assert alone.as_numpy("REQUESTS").tolist() == [[1]]
-    except InferenceServerException as exc:  # the same execute call: the same error
+        assert executions(client, "batcher") == before + 1
+    except InferenceServerException as exc:
+        # Failed too: only right if it shared the unlucky execute call. Had it run in a batch
+        # of its own that then got the error (a leak), that batch would have been counted.
         assert "unlucky 13" in exc.message()
+        assert executions(client, "batcher") == before
     after = client.infer("batcher", [tensor("INPUT0", np.array([[5.0]], dtype=np.float32), "FP32")])
     assert after.as_numpy("OUTPUT0").tolist() == [[10.0]]  # the worker serves on
 

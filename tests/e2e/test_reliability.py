@@ -111,16 +111,18 @@ def test_a_frozen_workers_duplicate_never_reaches_the_client(
         assert not isinstance(answers[0], Exception), answers[0]
         expected = digits_onnx.run(["label"], {"input": x})[0]
         np.testing.assert_array_equal(answers[0].as_numpy("label"), expected)
-        time.sleep(2)  # A, resumed, finds its entry taken (or its read timed out): runs nothing
     finally:
         b.terminate()  # drains and exits
         assert b.wait(30) == 0
-    after = model_stats(server)
-    assert after["execution_count"] == before["execution_count"] + 1
-    assert after["inference_stats"]["success"]["count"] == before["inference_stats"]["success"]["count"] + 1
-    assert r.xlen(STREAM) == 0 and pending_for(r) == 0
-    again = client.infer("digits", http_inputs(x)).as_numpy("label")  # A serves on
+    # A serves on. It meets its stale claim before this request (one stream, read in order),
+    # finds the entry taken and runs nothing: only B's batch and this one were executed.
+    again = client.infer("digits", http_inputs(x)).as_numpy("label")
     np.testing.assert_array_equal(again, answers[0].as_numpy("label"))
+    after = model_stats(server)
+    assert after["execution_count"] == before["execution_count"] + 2
+    assert after["inference_count"] == before["inference_count"] + 2 * len(x)
+    assert after["inference_stats"]["success"]["count"] == before["inference_stats"]["success"]["count"] + 2
+    assert r.xlen(STREAM) == 0 and pending_for(r) == 0
     assert len(answers) == 1
 
 
@@ -132,7 +134,7 @@ def test_a_client_that_goes_away_cancels_its_queued_work(redis_url, naiad_server
     x = digits_holdout[0][:2]
     worker = frozen_worker(server, client, x)
     r = redis.Redis.from_url(redis_url)
-    executions = model_stats(server)["execution_count"]
+    before = model_stats(server)
     try:
         with pytest.raises(requests.Timeout):
             requests.post(f"{server.http}/v2/models/digits/infer", json=json_body(x), timeout=1.0)
@@ -145,10 +147,12 @@ def test_a_client_that_goes_away_cancels_its_queued_work(redis_url, naiad_server
         wait_for(lambda: failures(server, "CANCELED") == 2, 5, "two CANCELED failures")
     finally:
         worker.send_signal(signal.SIGCONT)
-    time.sleep(1.5)  # the resumed worker reads what it was handed, and skips it
-    assert model_stats(server)["execution_count"] == executions
-    client.infer("digits", http_inputs(x))  # and serves the next one
-    assert model_stats(server)["execution_count"] == executions + 1
+    # The resumed worker meets what it was handed before the next request, and skips it: only
+    # the next request's rows are executed (a withdrawn one run with it would add its rows).
+    client.infer("digits", http_inputs(x))
+    after = model_stats(server)
+    assert after["execution_count"] == before["execution_count"] + 1
+    assert after["inference_count"] == before["inference_count"] + len(x)
 
 
 def test_a_full_queue_answers_503_with_retry_after_at_once(
@@ -176,9 +180,8 @@ def test_a_full_queue_answers_503_with_retry_after_at_once(
     try:
         queued = [client.async_infer("digits", http_inputs(x)) for _ in range(3)]
         wait_for(lambda: r.xlen(STREAM) == 3 and pending_for(r) == 1, 5, "one claimed and two queued")
-        started = time.monotonic()
+        # Answered while the worker is frozen: refused at once, not queued behind it.
         refused = requests.post(f"{server.http}/v2/models/digits/infer", json=json_body(x), timeout=5)
-        assert time.monotonic() - started < 0.5
         assert refused.status_code == 503 and refused.headers["Retry-After"] == "1"
         assert "full" in refused.json()["error"]
         with pytest.raises(Exception, match="StatusCode.UNAVAILABLE"):
@@ -248,14 +251,11 @@ def test_redis_stops_and_comes_back_empty(tmp_path, naiad_server, digits_holdout
         np.testing.assert_array_equal(client.infer("digits", http_inputs(x)).as_numpy("label"), expected)
         (worker,) = server.worker_processes("digits")
         store.kill()
+        # Refused, not held until the request's own timeout (60 s): the client's 5 s would end first.
         for _ in range(3):
-            started = time.monotonic()
             response = requests.post(f"{server.http}/v2/models/digits/infer", json=json_body(x), timeout=5)
             assert response.status_code == 503, response.text
-            assert time.monotonic() - started < 1.0
-        started = time.monotonic()
         assert requests.get(f"{server.http}/v2/health/ready", timeout=5).status_code != 200
-        assert time.monotonic() - started < 1.0
         time.sleep(3)  # the worker, scaler and reply reader see the outage for a while
         store.start()
         wait_for(lambda: requests.get(f"{server.http}/v2/health/ready", timeout=5).status_code == 200,

@@ -41,6 +41,14 @@ async def claim(redis, stream: str = HIGH, count: int = 10) -> list:
     return [decode_request(MODEL, fields, entry_id) for _, entries in got for entry_id, fields in entries]
 
 
+async def wait_queued(redis, stream: str, count: int, within_s: float = 10.0) -> None:
+    """Wait until ``stream`` holds ``count`` entries (the dispatcher enqueued them)."""
+    deadline = time.monotonic() + within_s
+    while await redis.xlen(stream) < count:
+        assert time.monotonic() < deadline, f"{stream} never held {count} entries"
+        await asyncio.sleep(0.005)
+
+
 async def answer(redis, queued) -> None:
     value = float(queued.request.inputs[0].data[0, 0])
     reply = Reply(queued.queue_id, [Tensor("y", "FP32", [1, 1], np.array([[value]], np.float32))])
@@ -81,8 +89,8 @@ def test_a_claimed_request_is_left_to_its_worker(redis_url: str) -> None:
 
 def test_each_priority_level_has_its_own_bound(redis_url: str) -> None:
     async def scenario(dispatcher: QueueDispatcher, redis) -> None:
-        queued = asyncio.create_task(dispatcher.infer(request(1), 10, placement=placement(LOW, max_queue=1)))
-        await asyncio.sleep(0.1)
+        waiting = asyncio.create_task(dispatcher.infer(request(1), 10, placement=placement(LOW, max_queue=1)))
+        await wait_queued(redis, LOW, 1)
         with pytest.raises(Overloaded, match="Exceeds maximum queue size.* priority level 2"):
             await dispatcher.infer(request(2), 10, placement=placement(LOW, max_queue=1))
         high = asyncio.create_task(dispatcher.infer(request(3), 10, placement=placement(HIGH, max_queue=1)))
@@ -91,7 +99,7 @@ def test_each_priority_level_has_its_own_bound(redis_url: str) -> None:
         assert (await high).outputs[0].data.tolist() == [[3.0]]
         (second,) = await claim(redis, LOW)
         await answer(redis, second)
-        await queued
+        await waiting
 
     run(redis_url, scenario)
 
@@ -107,7 +115,7 @@ def test_preserve_ordering_releases_answers_in_queue_order(redis_url: str) -> No
         tasks = []
         for value in (1, 2, 3):
             tasks.append(asyncio.create_task(send(value)))
-            await asyncio.sleep(0.05)  # enqueued in this order
+            await wait_queued(redis, HIGH, len(tasks))  # enqueued in this order
         claimed = await claim(redis)
         assert [q.request.inputs[0].data[0, 0] for q in claimed] == [1, 2, 3]
         for queued in reversed(claimed):  # two workers finish out of order
