@@ -13,10 +13,12 @@ each with the same load generator (:mod:`bench.perf.loadgen`) and writes ``NAME.
 - ``throughput``: ``digits`` and ``digits_cnn`` swept over ``--concurrency`` (1…64), Naiad with
   dynamic batching on and off (two configs differing only in ``dynamic_batching``) and the floor,
   HTTP with binary tensors. Targets: ``digits_cnn`` c32 batched ≥ 2× unbatched and ≥ 1.5× floor.
-- ``peers``: ``digits`` behind the floor, Naiad, MLServer 1.7 (adaptive batching off and on; the
-  better one counts) and KServe 0.21, JSON over HTTP (the encoding all of them speak). Targets:
-  c32 throughput ≥ 2× MLServer's best and ≥ 0.5× the floor's; c1 p50 ≤ MLServer's best p50.
-  Needs ``make bench-setup``.
+- ``peers``: the digits MLP behind the floor, real Triton 2.51 (its Python backend running
+  ``bench/peers/digits_python/model.py``), Naiad (the same ``model.py`` in its Python backend, and
+  the ONNX graph in its ONNX backend), MLServer 1.7 (adaptive batching off and on; the better one
+  counts) and KServe 0.21: JSON, binary tensors and gRPC where the server speaks them. Targets
+  (:func:`peer_targets`): against Triton, c32 throughput ≥ 1× (must 0.8×) and c1 p50 ≤ 1.2× (must
+  1.5×) per encoding; against MLServer's best (JSON), c32 ≥ 2×. Needs ``make bench-setup``.
 - ``coldstart`` / ``cache``: run ``bench/cold_start.py`` / ``bench/cache_zipf.py`` on the
   benchmark repository's ``digits`` (arguments after ``--`` go to them) and keep their Markdown
   under ``--out``.
@@ -41,6 +43,7 @@ from bench.perf.servers import (
     start_kserve,
     start_mlserver,
     start_naiad,
+    start_triton,
 )
 
 DEFAULT_LEVELS = {"overhead": [1], "throughput": [1, 2, 4, 8, 16, 32, 64], "peers": [1, 8, 32]}
@@ -88,12 +91,19 @@ def point(series: dict | None, concurrency: int) -> dict | None:
     return found if found and found["requests"] else None
 
 
-def ratio(name: str, num: dict | None, den: dict | None, goal: float, key: str = "throughput_rps") -> dict:
-    """Target ``num[key] / den[key] >= goal`` (``met`` None when a point is missing)."""
+def ratio(
+    name: str, num: dict | None, den: dict | None, goal: float, must: float | None = None,
+    key: str = "throughput_rps",
+) -> dict:  # fmt: skip
+    """Target ``num[key] / den[key] >= goal`` (and ``>= must``, the floor of acceptance;
+    ``met`` None when a point is missing)."""
     if num is None or den is None:
-        return {"name": name, "value": None, "goal": f"≥ {goal:g}×", "met": None}
+        return {"name": name, "value": None, "goal": _goal("≥", goal, must), "met": None}
     value = num[key] / den[key]
-    return {"name": name, "value": value, "goal": f"≥ {goal:g}×", "met": value >= goal}
+    target_ = {"name": name, "value": value, "goal": _goal("≥", goal, must), "met": value >= goal}
+    if must is not None:
+        target_["must_met"] = value >= must
+    return target_
 
 
 def naiad_args(run: Run) -> list[str]:
@@ -158,58 +168,78 @@ def throughput(run: Run, repo: Path) -> dict:
     }
 
 
+#: The peers scenario's encodings: (label suffix, protocol, HTTP body encoding).
+ENCODINGS = (("json", "http", "json"), ("binary", "http", "binary"), ("grpc", "grpc", "binary"))
+
+
 def peers(run: Run, repo: Path) -> dict:
-    model = "digits"
-    starters: list[tuple[str, Callable[[], Server]]] = [
-        ("floor", lambda: start_floor(repo, run.logs, [model])),
-        ("naiad", lambda: start_naiad(repo, run.logs, [model], naiad_args(run))),
-        ("mlserver", lambda: start_mlserver(repo, run.logs, model, adaptive_batching=False)),
-        (
-            "mlserver adaptive batching",
-            lambda: start_mlserver(repo, run.logs, model, adaptive_batching=True, name="mlserver-batching"),
-        ),
-        ("kserve", lambda: start_kserve(repo, run.logs, model)),
-    ]
-    for label, start in starters:
-        if run.args.only and label.split()[0] not in run.args.only:
+    """Every server on the digits MLP, one after another. Naiad and Triton serve the same
+    Python-backend ``model.py`` (``digits_python``); Naiad also its ONNX backend (``digits``);
+    the floor, MLServer and KServe the ONNX graph. JSON, binary tensors and gRPC where the
+    server speaks them (the floor, MLServer and KServe: JSON)."""
+    onnx, python = "digits", "digits_python"
+    logs = run.logs
+    starters: list[tuple[str, Callable[[], Server], list[tuple[str, str]]]] = [
+        ("floor", lambda: start_floor(repo, logs, [onnx]), [("floor", onnx)]),
+        ("triton", lambda: start_triton(repo, logs, [python]), [("triton python", python)]),
+        ("naiad", lambda: start_naiad(repo, logs, [onnx, python], naiad_args(run)),
+         [("naiad onnx", onnx), ("naiad python", python)]),
+        ("mlserver", lambda: start_mlserver(repo, logs, onnx, adaptive_batching=False), [("mlserver", onnx)]),
+        ("mlserver", lambda: start_mlserver(repo, logs, onnx, True, name="mlserver-batching"),
+         [("mlserver adaptive batching", onnx)]),
+        ("kserve", lambda: start_kserve(repo, logs, onnx), [("kserve", onnx)]),
+    ]  # fmt: skip
+    for name, start, measured in starters:
+        if run.args.only and name not in run.args.only:
             continue
         with running(start()) as server:
-            run.measure(server, label, target(server.http_url, model, encoding="json"), model)
+            for label, model in measured:
+                for suffix, protocol, encoding in encodings(run, all_of_them=name in ("triton", "naiad")):
+                    url = server.grpc_url if protocol == "grpc" else server.http_url
+                    run.measure(server, f"{label} {suffix}", target(url, model, protocol, encoding), suffix)
     return peer_targets(run)
 
 
+def encodings(run: Run, all_of_them: bool) -> list[tuple[str, str, str]]:
+    """The :data:`ENCODINGS` a server is measured with: all, or JSON alone; ``--encoding``
+    narrows them."""
+    chosen = ENCODINGS if all_of_them else ENCODINGS[:1]
+    return [e for e in chosen if not run.args.encoding or e[0] in run.args.encoding]
+
+
+def at_most(name: str, num: dict | None, den: dict | None, goal: float, must: float | None = None) -> dict:
+    """Target ``num`` p50 / ``den`` p50 ≤ ``goal`` (and ≤ ``must``, the floor of acceptance)."""
+    if num is None or den is None:
+        return {"name": name, "value": None, "goal": _goal("≤", goal, must), "met": None}
+    value = num["latency_ms"]["p50"] / den["latency_ms"]["p50"]
+    target_ = {"name": name, "value": value, "goal": _goal("≤", goal, must), "met": value <= goal}
+    if must is not None:
+        target_["must_met"] = value <= must
+    return target_
+
+
+def _goal(sign: str, goal: float, must: float | None) -> str:
+    return f"{sign} {goal:g}×" + (f" (must {sign} {must:g}×)" if must is not None else "")
+
+
 def peer_targets(run: Run) -> dict:
-    """The issue's targets against MLServer's better configuration at each level."""
-    naiad, floor = run.get("naiad"), run.get("floor")
-    ml = [s for s in (run.get("mlserver"), run.get("mlserver adaptive batching")) if s]
-    best32 = max((point(s, 32) for s in ml if point(s, 32)), key=lambda p: p["throughput_rps"], default=None)
-    best1 = min((point(s, 1) for s in ml if point(s, 1)), key=lambda p: p["latency_ms"]["p50"], default=None)
-    targets = [
-        ratio("digits c32: naiad / MLServer best (throughput)", point(naiad, 32), best32, 2.0),
-        ratio("digits c32: naiad / floor (throughput)", point(naiad, 32), point(floor, 32), 0.5),
-    ]
-    n1 = point(naiad, 1)
-    if n1 and best1:
-        value = n1["latency_ms"]["p50"] / best1["latency_ms"]["p50"]
-        targets.append(
-            {
-                "name": "digits c1: naiad p50 / MLServer best p50",
-                "value": value,
-                "goal": "≤ 1×",
-                "met": value <= 1.0,
-            }
-        )
-    f1 = point(floor, 1)
-    if n1 and f1:
-        value = n1["latency_ms"]["p50"] / f1["latency_ms"]["p50"]
-        targets.append(
-            {
-                "name": "digits c1: naiad p50 / floor p50 (stretch)",
-                "value": value,
-                "goal": "≤ 1.5×",
-                "met": value <= 1.5,
-            }
-        )
+    """Issue 14's targets, per encoding: Naiad (ONNX and Python backend) against Triton's
+    Python backend on the same model.py (c32 throughput ≥ 1× (must 0.8×); c1 p50 ≤ 1.2×
+    (must 1.5×)), and against MLServer's better configuration (JSON, c32 ≥ 2×)."""
+    ml = [s for s in (run.get("mlserver json"), run.get("mlserver adaptive batching json")) if s]
+    ml32 = max((point(s, 32) for s in ml if point(s, 32)), key=lambda p: p["throughput_rps"], default=None)
+    targets = []
+    for suffix, _, _ in ENCODINGS:
+        triton = run.get(f"triton python {suffix}")
+        for backend in ("onnx", "python"):
+            label = f"naiad {backend} {suffix}"
+            naiad = run.get(label)
+            targets += [
+                ratio(f"c32 {label} / triton (throughput)", point(naiad, 32), point(triton, 32), 1.0, 0.8),
+                at_most(f"c1 {label} / triton (p50)", point(naiad, 1), point(triton, 1), 1.2, 1.5),
+            ]
+            if suffix != "grpc":
+                targets.append(ratio(f"c32 {label} / MLServer best (throughput)", point(naiad, 32), ml32, 2))
     return {"targets": targets}
 
 
@@ -253,7 +283,8 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
     p.add_argument(
         "--naiad-arg", action="append", default=[], help="extra naiad serve flag (--naiad-arg=--x=y)"
     )
-    p.add_argument("--only", nargs="+", help="peers: only these servers (floor naiad mlserver kserve)")
+    p.add_argument("--only", nargs="+", help="peers: only these servers (floor triton naiad mlserver kserve)")
+    p.add_argument("--encoding", nargs="+", choices=[e[0] for e in ENCODINGS], help="peers: only these")
     p.add_argument("--loop", choices=["auto", "uvloop", "asyncio"], default="auto")
     return p.parse_args(argv), extra
 

@@ -2,6 +2,8 @@
 # Creates the peers' own virtual environments (their dependencies conflict with Naiad's):
 #   .bench/venvs/mlserver  mlserver 1.7.1 + onnxruntime (runtime: bench/peers/mlserver_onnx.py)
 #   .bench/venvs/kserve    kserve 0.21.0 + onnxruntime (server: bench/peers/kserve_server.py)
+#   .bench/venvs/triton    nvidia-pytriton 0.7.0 (tritonserver 2.51, Python backend) + onnxruntime,
+#                          which bench/peers/digits_python/model.py imports (bench/peers/triton.py)
 # ONNX Runtime is pinned to the main venv's version, so every server runs the same kernels.
 # Idempotent: a venv whose stamp names the same packages is left alone.
 set -euo pipefail
@@ -28,6 +30,8 @@ make_venv() {
 
 make_venv mlserver "mlserver==1.7.1" "$ORT_REQ"
 make_venv kserve "kserve==0.21.0" "$ORT_REQ"
+make_venv triton "nvidia-pytriton==0.7.0" "$ORT_REQ"
 # Smoke checks: each imports its server and its runtime module.
 PYTHONPATH=$ROOT/bench/peers "$VENVS/mlserver/bin/python" -c 'import mlserver_onnx, mlserver; print("mlserver", mlserver.__version__)'
 "$VENVS/kserve/bin/python" -c 'import kserve, onnxruntime; print("kserve ok, onnxruntime", onnxruntime.__version__)'
+"$VENVS/triton/bin/python" -c 'import onnxruntime, pytriton, pathlib; home = pathlib.Path(pytriton.__file__).parent / "tritonserver"; assert (home / "bin" / "tritonserver").exists(); print("triton ok,", home)'

@@ -11,6 +11,10 @@
   of the fixed split (holdout accuracy checked > 0.95), exported to ONNX. One row costs a few ms
   on one CPU core and the fully connected head is matrix-vector work per row, so batching
   (matrix-matrix) pays; ``digits_cnn_nobatch``: without ``dynamic_batching``.
+- ``digits_python``: the same ``digits`` ONNX graph run by a Triton Python-backend ``model.py``
+  (``bench/peers/digits_python/model.py``: ONNX Runtime over the whole batch), config
+  ``max_batch_size: 32``, ``dynamic_batching { }``, one CPU instance: the one model real Triton
+  (whose wheel has no ONNX backend) and Naiad serve unchanged, side by side.
 
 Both configs of a pair differ only in the ``dynamic_batching`` block. The batched ones run with
 ``max_queue_delay_microseconds: 0`` (:data:`QUEUE_DELAY_US`; Triton's advice for a
@@ -62,6 +66,20 @@ dynamic_batching {
 instance_group [ { kind: KIND_CPU count: 1 } ]
 """
 
+PYTHON_CONFIG = """\
+name: "digits_python"
+backend: "python"
+max_batch_size: 32
+input [ { name: "input" data_type: TYPE_FP32 dims: [ 64 ] } ]
+output [
+  { name: "probabilities" data_type: TYPE_FP32 dims: [ 10 ] },
+  { name: "label" data_type: TYPE_INT64 dims: [ 1 ] }
+]
+dynamic_batching { }
+instance_group [ { kind: KIND_CPU count: 1 } ]
+"""
+PYTHON_MODEL = ROOT / "bench" / "peers" / "digits_python" / "model.py"
+
 #: The batched benchmark models' ``max_queue_delay_microseconds``.
 QUEUE_DELAY_US = 0
 
@@ -70,6 +88,7 @@ SIGNATURES = {
     "tiny": ([("input", "FP32", [16])], ["output"]),
     "digits": ([("input", "FP32", [64])], ["probabilities", "label"]),
     "digits_cnn": ([("input", "FP32", [64])], ["probabilities"]),
+    "digits_python": ([("input", "FP32", [64])], ["probabilities", "label"]),
 }
 
 
@@ -136,6 +155,15 @@ def build_digits(repository: Path) -> None:
     onnx_bytes = (repository / "digits" / "1" / "model.onnx").read_bytes()
     write_model(repository, "digits_nobatch", without_batching(config, "digits_nobatch"), onnx_bytes)
     shutil.copy(repository / "digits" / "labels.txt", repository / "digits_nobatch" / "labels.txt")
+
+
+def build_digits_python(repository: Path) -> None:
+    """``digits_python``: :data:`PYTHON_MODEL` beside the ``digits`` graph (built if missing)."""
+    if not (repository / "digits" / "1" / "model.onnx").exists():
+        build_digits(repository)
+    graph = (repository / "digits" / "1" / "model.onnx").read_bytes()
+    write_model(repository, "digits_python", PYTHON_CONFIG, graph)
+    shutil.copy(PYTHON_MODEL, repository / "digits_python" / "1" / "model.py")
 
 
 def cnn_module():
@@ -257,7 +285,12 @@ def target(url: str, model: str, protocol: str = "http", encoding: str = "binary
     return Target(url, model, tuple(tensors), protocol=protocol, encoding=encoding, outputs=tuple(outputs))
 
 
-BUILDERS = {"tiny": build_tiny, "digits": build_digits, "digits_cnn": build_cnn}
+BUILDERS = {
+    "tiny": build_tiny,
+    "digits": build_digits,
+    "digits_cnn": build_cnn,
+    "digits_python": build_digits_python,
+}
 
 
 def ensure_repository(
@@ -266,7 +299,9 @@ def ensure_repository(
     """Build the missing ``models`` (all by default) into ``repository``; returns it."""
     repository.mkdir(parents=True, exist_ok=True)
     for name in models:
-        if rebuild or not (repository / name / "config.pbtxt").exists():
+        if name == "digits_python":  # cheap, and model.py may have changed
+            build_digits_python(repository)
+        elif rebuild or not (repository / name / "config.pbtxt").exists():
             started = time.monotonic()
             BUILDERS[name](repository)
             print(f"built {name} in {time.monotonic() - started:.1f} s", file=sys.stderr)

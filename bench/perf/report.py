@@ -52,6 +52,8 @@ def targets_table(targets: list[dict]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for t in targets:
         met = "–" if t["met"] is None else ("yes" if t["met"] else "**no**")
+        if t["met"] is False and t.get("must_met"):
+            met = "must only"
         lines.append(f"| {t['name']} | {_fmt(t['value'])} | {t['goal']} | {met} |")
     return "\n".join(lines)
 

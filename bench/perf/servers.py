@@ -12,7 +12,9 @@ workdir, keeping the previous run's.
 - :func:`start_mlserver`: MLServer 1.7 (``.bench/venvs/mlserver``) with the runtime in
   ``bench/peers/mlserver_onnx.py``, ``parallel_workers: 0`` (1.7's parallel workers crash with
   recent uvloop), adaptive batching on or off;
-- :func:`start_kserve`: ``kserve.ModelServer`` (``.bench/venvs/kserve``), ``bench/peers/kserve_server.py``.
+- :func:`start_kserve`: ``kserve.ModelServer`` (``.bench/venvs/kserve``), ``bench/peers/kserve_server.py``;
+- :func:`start_triton`: real ``tritonserver`` 2.51 (``.bench/venvs/triton``, started as
+  :mod:`bench.peers.triton` says), its Python backend serving the same ``model.py`` as Naiad's.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import requests
+
+from bench.peers import triton
 
 ROOT = Path(__file__).resolve().parents[2]
 VENVS = ROOT / ".bench" / "venvs"
@@ -129,10 +133,13 @@ def _start(
     models: Sequence[str],
     env: dict[str, str] | None = None,
     cwd: Path = ROOT,
+    replace_env: bool = False,
 ) -> Server:
+    """Start ``args`` (its environment: ours updated with ``env``, or ``env`` alone with
+    ``replace_env``) and wait until it serves ``models``."""
     workdir.mkdir(parents=True, exist_ok=True)
     log_path = workdir / f"{name.replace(' ', '_')}.log"
-    full_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
+    full_env = {**({} if replace_env else os.environ), **(env or {}), "PYTHONUNBUFFERED": "1"}
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             args, cwd=cwd, env=full_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -268,6 +275,22 @@ def start_kserve(repository: Path, workdir: Path, model: str, name: str = "kserv
         "false",
     ]
     return _start(name, args, workdir, http, grpc, [model])
+
+
+def start_triton(repository: Path, workdir: Path, models: Sequence[str], name: str = "triton") -> Server:
+    """``tritonserver`` over ``repository`` (its Python-backend models; the wheel has no other
+    backend), explicit model control loading only ``models``, no response cache."""
+    venv = VENVS / "triton"
+    try:
+        triton.triton_home(venv)
+    except triton.TritonMissing as exc:
+        raise ServerError(f"{exc}: run `make bench-setup` first") from exc
+    http, grpc, metrics = free_port(), free_port(), free_port()
+    load = [arg for model in models for arg in ("--load-model", model)]
+    extra = ["--model-control-mode", "explicit", *load, "--log-info", "false"]
+    args = triton.command(venv, repository, workdir / name, http, grpc, metrics, extra)
+    env = triton.environment(venv)
+    return _start(name, args, workdir, http, grpc, models, env=env, replace_env=True)
 
 
 @contextlib.contextmanager
