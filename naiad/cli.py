@@ -56,6 +56,8 @@ POOL_FLAGS = {
     "--warm-pool-size": ("warm_pool_size", int, "generic worker processes kept started, 0 for none"),
     "--warm-pool-idle-timeout": ("warm_pool_idle_timeout_s", float,
                                  "seconds without a cold start before the pool empties (default: never)"),
+    "--warm-pool-backend": ("warm_pool_backends", list, "repeatable: a backend (onnxruntime, pytorch, "
+                            "tensorflow, python) whose own pool processes import its framework ahead"),
 }
 GATEWAY_FLAGS = {
     "--http-port": ("http_port", int, "KServe v2 HTTP port"),

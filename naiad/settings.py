@@ -135,10 +135,13 @@ class Settings(BaseSettings):
     only the model load (``--warm-pool-size``; 0: every cold start spawns a bare process)."""
 
     warm_pool_backends: list[str] = ["onnxruntime"]
-    """Backends a warm-pool process imports and warms up before its claim
-    (``NAIAD_WARM_POOL_BACKENDS='["onnxruntime","pytorch"]'``); a claim for another backend
-    imports it then. Each one costs every pool process its import (torch ~1 s and ~220 MB,
-    TensorFlow ~4 s and ~600 MB), hence only ONNX Runtime by default."""
+    """Backends that get a warm pool of their own, ``warm_pool_size`` processes each, every
+    one with that backend's framework imported and warmed up before its claim
+    (``--warm-pool-backend pytorch``, repeatable; ``NAIAD_WARM_POOL_BACKENDS='["onnxruntime",
+    "pytorch"]'``): a model of that backend then pays only its own load. A model whose backend
+    has no pool claims any idle process and imports its framework then. Each idle process
+    costs memory: ONNX Runtime ~110 MiB, PyTorch ~270 MiB, TensorFlow ~700 MiB RSS
+    (docs/benchmarks.md), hence only ONNX Runtime by default."""
 
     warm_pool_idle_timeout_s: float | None = Field(default=None, gt=0)
     """Seconds without any cold start after which the warm pool shrinks to zero processes;

@@ -35,7 +35,7 @@ from naiad import keys, procs, queue_policy, telemetry
 from naiad.host import GpuDevice, GpuReader
 from naiad.redis_client import connect
 from naiad.settings import Settings
-from repository_store import ModelConfig, ModelEntry
+from repository_store import ModelConfig, ModelEntry, backend_of
 from repository_store.ensemble import is_ensemble
 from workers import placement, scaling
 from workers.warm_pool import WarmPool, pool_command
@@ -63,6 +63,7 @@ class LocalScaler:
         self._policies: dict[str, scaling.ScalingPolicy] = {}
         self._ensembles: set[str] = set()  # run by the gateways: never given workers
         self._streams: dict[str, list[str]] = {}  # model -> its request streams (priority levels)
+        self._backends: dict[str, str] = {}  # model -> its backend (the warm pool it claims from)
         self._registry_generation: bytes | None = None
         self._changed_at: dict[str, float] = {}  # monotonic time of the last start/stop
         self._started_at: dict[int, float] = {}  # pid -> monotonic time it was started
@@ -227,6 +228,7 @@ class LocalScaler:
             slots[entry.name] = self._instance_slots(entry.name, entry.config, gpus)
             if entry.config is not None:  # demand: summed over its priority levels' streams
                 self._streams[entry.name] = queue_policy.streams(entry.name, entry.config)
+                self._backends[entry.name] = backend_of(entry.config)
             policy = scaling.policy_for(entry.config, self.settings, slots[entry.name].total)
             # a model that cannot be served gets workers only to answer its backlog
             policies[entry.name] = policy if entry.ready else replace(policy, min_workers=0)
@@ -282,7 +284,7 @@ class LocalScaler:
             logger.debug("model '%s': every GPU slot is taken, no worker started", model)
             return None
         command = self.worker_command(model)
-        process = self.pool.claim(command) if device == placement.CPU else None
+        process = self.pool.claim(command, self._backends.get(model)) if device == placement.CPU else None
         if process is None:
             env = {**os.environ, **placement.worker_env(device, self.has_gpu)}
             process = procs.spawn_python(command, env=env)

@@ -1,10 +1,17 @@
 """The warm pool: generic worker processes started ahead of need, each claimed by one model.
 
 A pool process is ``naiad worker --pool``: it starts the interpreter, imports what a worker
-runs (numpy, redis, the backends with their frameworks, each warmed up once:
+runs (numpy, redis, and one backend with its framework, warmed up once:
 :func:`workers.backends.prepare`), connects to Redis and opens the repository, then blocks
 reading one line from its stdin. Until then it has no heartbeat, so it is a worker of no
 model (``naiad_model_workers`` stays 0).
+
+The pool keeps one group of processes per backend named in ``warm_pool_backends`` (default
+ONNX Runtime alone), ``warm_pool_size`` in each: a model at zero claims a process of its own
+backend (a TorchScript model one that imported torch, so its cold start is the model's load),
+else any idle one (which imports the framework after the claim: still no interpreter start).
+Idle memory per process (RSS, 2-core CPU machine, docs/benchmarks.md): ONNX Runtime ~110 MiB,
+PyTorch ~270 MiB, TensorFlow ~700 MiB; hence only ONNX Runtime by default.
 
 The scaler claims it (:meth:`WarmPool.claim`) by writing one JSON line — the ``naiad worker
 --model M ...`` command line it would otherwise have started, and the time of the claim —
@@ -49,6 +56,8 @@ logger = logging.getLogger(__name__)
 REFILL_DELAY_S = 1.0
 #: Seconds between the pool's checks that its idle processes are alive.
 CHECK_S = 5.0
+#: The variable that tells a pool process which backend to prepare (``Settings.warm_pool_backends``).
+BACKENDS_ENV = "NAIAD_WARM_POOL_BACKENDS"
 
 
 def pool_command(settings: Settings, redis_url: str, log_flags: Sequence[str]) -> list[str]:
@@ -64,16 +73,18 @@ def pool_command(settings: Settings, redis_url: str, log_flags: Sequence[str]) -
 
 
 class WarmPool:
-    """Idle pool processes of one scaler; ``start()`` in its event loop, ``close()`` at the end.
-    ``env``: their environment (the scaler's CPU placement: pool processes serve CPU workers
-    only, see :mod:`workers.placement`); None: this process's."""
+    """Idle pool processes of one scaler, ``warm_pool_size`` per backend of
+    ``warm_pool_backends``; ``start()`` in its event loop, ``close()`` at the end. ``env``:
+    their environment (the scaler's CPU placement: pool processes serve CPU workers only, see
+    :mod:`workers.placement`); None: this process's."""
 
     def __init__(self, settings: Settings, command: Sequence[str], env: Mapping[str, str] | None = None):
         self.size = settings.warm_pool_size
+        self.backends = list(dict.fromkeys(settings.warm_pool_backends)) or ["onnxruntime"]
         self.idle_timeout_s = settings.warm_pool_idle_timeout_s
         self.command = list(command)
-        self.env = dict(env) if env is not None else None
-        self.idle: list[subprocess.Popen] = []
+        self.env = dict(os.environ if env is None else env)
+        self.idle: dict[str, list[subprocess.Popen]] = {backend: [] for backend in self.backends}
         self._last_cold_start = time.monotonic()
         self._refill_at = 0.0
         self._changed = asyncio.Event()
@@ -91,23 +102,34 @@ class WarmPool:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        idle, self.idle = self.idle, []
-        await asyncio.to_thread(_stop, idle)
+        await asyncio.to_thread(_stop, self._take_all())
 
-    def claim(self, command: Sequence[str]) -> subprocess.Popen | None:
+    def idle_processes(self) -> list[subprocess.Popen]:
+        """Every idle pool process, of every backend."""
+        return [process for group in self.idle.values() for process in group]
+
+    def _take_all(self) -> list[subprocess.Popen]:
+        idle = self.idle_processes()
+        self.idle = {backend: [] for backend in self.backends}
+        return idle
+
+    def claim(self, command: Sequence[str], backend: str | None = None) -> subprocess.Popen | None:
         """Hand ``command`` (a ``naiad worker --model M ...`` command line) to an idle pool
         process and return it, or None when none is idle (the caller starts ``command``
-        itself). Either way a cold start happened: the pool refills and its idle timeout
-        starts again."""
+        itself): one that prepared ``backend`` (the model's, :func:`repository_store.backend_of`)
+        if any, else any idle one. Either way a cold start happened: the pool refills and
+        its idle timeout starts again."""
         now = time.monotonic()
         self._last_cold_start, self._refill_at = now, now + REFILL_DELAY_S
         self._changed.set()
         message = json.dumps({"command": list(command), "claimed_at": time.time()}).encode() + b"\n"
-        while self.idle:
-            process = self.idle.pop(0)
-            if _hand(process, message):
-                logger.debug("warm-pool process pid %d claimed: %s", process.pid, " ".join(command[3:]))
-                return process
+        order = [backend] if backend in self.idle else []
+        for group in (self.idle[b] for b in [*order, *self.backends]):
+            while group:
+                process = group.pop(0)
+                if _hand(process, message):
+                    logger.debug("warm-pool process pid %d claimed: %s", process.pid, " ".join(command[3:]))
+                    return process
         return None
 
     async def _keep(self) -> None:
@@ -120,22 +142,25 @@ class WarmPool:
     async def _step(self) -> float | None:
         """Drop dead idle processes, shrink after the idle timeout, or refill; returns the
         seconds until the next step (None: on the next claim)."""
-        for process in [p for p in self.idle if p.poll() is not None]:
-            logger.warning("warm-pool process pid %d exited with %s", process.pid, process.returncode)
-            self.idle.remove(process)
+        for group in self.idle.values():
+            for process in [p for p in group if p.poll() is not None]:
+                logger.warning("warm-pool process pid %d exited with %s", process.pid, process.returncode)
+                group.remove(process)
         now = time.monotonic()
         if self.idle_timeout_s is not None:
             quiet_s = now - self._last_cold_start
             if quiet_s >= self.idle_timeout_s:
-                if self.idle:
+                if self.idle_processes():
                     logger.info("no cold start for %g s: warm pool shrinks to 0", self.idle_timeout_s)
-                    idle, self.idle = self.idle, []
-                    await asyncio.to_thread(_stop, idle)
+                    await asyncio.to_thread(_stop, self._take_all())
                 return None
-        if len(self.idle) < self.size and now < self._refill_at:
+        short = any(len(group) < self.size for group in self.idle.values())
+        if short and now < self._refill_at:
             return self._refill_at - now
-        while len(self.idle) < self.size:
-            self.idle.append(procs.spawn_python(self.command, stdin=subprocess.PIPE, env=self.env))
+        for backend, group in self.idle.items():
+            env = {**self.env, BACKENDS_ENV: json.dumps([backend])}
+            while len(group) < self.size:
+                group.append(procs.spawn_python(self.command, stdin=subprocess.PIPE, env=env))
         if self.idle_timeout_s is None:
             return CHECK_S
         return min(CHECK_S, self.idle_timeout_s - (now - self._last_cold_start))

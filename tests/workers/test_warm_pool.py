@@ -126,3 +126,53 @@ def test_a_claim_names_a_worker_command_line():
     assert (args.warm_pool_size, args.warm_pool_idle_timeout_s) == (3, 9.0)
     with pytest.raises(SystemExit):
         build_parser().parse_args(["worker", "--model", "digits", "--pool"])  # one or the other
+
+
+def maps_torch(process: psutil.Process) -> bool:
+    """True once ``process`` has torch's shared library mapped (it imported torch)."""
+    try:
+        return "libtorch_cpu" in pathlib.Path(f"/proc/{process.pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def torch_repository(tmp_path_factory) -> pathlib.Path:
+    """``digits`` (ONNX) and ``digits_pytorch`` (TorchScript), built by the example script."""
+    out = tmp_path_factory.mktemp("pool_frameworks") / "models"
+    subprocess.run([sys.executable, str(ROOT / "examples" / "build_repository.py"), str(out),
+                    "--model", "digits", "--model", "digits_pytorch"],
+                   check=True, capture_output=True, timeout=110)  # fmt: skip
+    return out
+
+
+def test_each_framework_has_its_own_pool_and_a_model_claims_its_framework(
+    naiad_server, torch_repository, x_and_labels
+):
+    """``--warm-pool-backend onnxruntime --warm-pool-backend pytorch``: one idle process per
+    backend, the PyTorch one with torch already imported (mapped) before any claim, the ONNX
+    one without it; a TorchScript model at zero claims the PyTorch process, the ONNX model
+    the other, and each pool refills with its own framework."""
+    x, expected = x_and_labels
+    server = naiad_server(repository=torch_repository, idle_timeout_s=30, extra_args=[
+        "--warm-pool-backend", "onnxruntime", "--warm-pool-backend", "pytorch"])  # fmt: skip
+    pooled = wait_for(lambda: len(server.pool_processes()) == 2 and server.pool_processes(), 30, "2 pooled")
+    torch_process = wait_for(lambda: next((p for p in pooled if maps_torch(p)), None), 60, "torch imported")
+    [onnx_process] = [p for p in pooled if p.pid != torch_process.pid]
+    assert not maps_torch(onnx_process)
+
+    client = httpclient.InferenceServerClient(server.url, network_timeout=60)
+    try:
+        tensor = httpclient.InferInput("input__0", list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x)
+        label = client.infer("digits_pytorch", [tensor]).as_numpy("output__1")
+    finally:
+        client.close()
+    np.testing.assert_array_equal(label.reshape(expected.shape), expected)
+    assert [p.pid for p in server.worker_processes("digits_pytorch")] == [torch_process.pid]
+    np.testing.assert_array_equal(infer(server, x), expected)
+    assert [p.pid for p in server.worker_processes("digits")] == [onnx_process.pid]
+    assert counter(server, "naiad_warm_pool_claims_total", "digits_pytorch") == 1
+    refilled = wait_for(lambda: len(server.pool_processes()) == 2 and server.pool_processes(), 30, "refilled")
+    wait_for(lambda: any(maps_torch(p) for p in refilled), 60, "the PyTorch pool's refill")
+    assert [maps_torch(p) for p in refilled].count(True) == 1
