@@ -1,12 +1,14 @@
 """Cold-start benchmark: from a request to a model at zero to its answer, warm pool vs bare.
 
-Starts its own ``naiad serve`` (embedded Redis, free ports, ``--log-format json``) twice on
-the example repository: with ``--warm-pool-size 0`` (every cold start spawns a bare
-``naiad worker`` process) and with ``--warm-pool-size 1`` (a cold start claims a pool
-process that already imported everything). Each time it forces ``--runs`` cold starts of
-``digits``: one request through ``tritonclient.http``, then it waits until the worker left
-(``naiad_model_workers`` back to 0, after the ``--idle-timeout``) and, with the pool, until
-the pool's replacement process logged that it is ready. It prints Markdown: p50/p90/max of
+Starts its own ``naiad serve`` (embedded Redis, free ports, ``--log-format json``) per model
+and mode on a built repository: ``bare`` (``--warm-pool-size 0``: every cold start spawns a
+bare ``naiad worker`` process), ``pool`` (one warm-pool process of the default pool: ONNX
+Runtime imported, a framework model imports its own after the claim) and ``framework`` (one
+process of the model's own backend's pool, ``--warm-pool-backend B``: its framework already
+imported). Each time it forces ``--runs`` cold starts of the model: one request (one row of
+zeros, shaped from the model's metadata) through ``tritonclient.http``, then it waits until
+the worker left (``naiad_model_workers`` back to 0, after the ``--idle-timeout``) and, with a
+pool, until the pool's replacement process logged that it is ready. It prints Markdown: p50/p90/max of
 the client's latency, and the p50 of where the time went, from the worker's "ready" log
 record (:func:`workers.worker.cold_start_phases`) and the statistics extension:
 
@@ -19,7 +21,11 @@ record (:func:`workers.worker.cold_start_phases`) and the statistics extension:
 - *to answer*: ready → answer at the client: the first read of the queue, the first
   inference (*compute* of it: Triton's three compute phases), the reply through the gateway.
 
-    .venv/bin/python bench/cold_start.py [--repository BUILT_REPO] [--runs 10] [--pool-sizes 0 1]
+*total − load* is what a cold start costs beyond the model's own load (issue 14's target:
+≤ 100 ms with the model's framework pool).
+
+    .venv/bin/python bench/cold_start.py [--repository BUILT_REPO] [--models digits ...]
+        [--runs 10] [--modes bare pool framework]
 """
 
 from __future__ import annotations
@@ -57,13 +63,13 @@ def free_port() -> int:
 class Server:
     """One ``naiad serve`` with JSON logs in ``workdir/serve.log``."""
 
-    def __init__(self, repo: Path, workdir: Path, pool_size: int, idle_timeout_s: float):
+    def __init__(self, repo: Path, workdir: Path, pool_args: list[str], idle_timeout_s: float):
         self.http, self.metrics_port = free_port(), free_port()
         self.log_path = workdir / "serve.log"
         args = [sys.executable, "-m", "naiad.cli", "serve", "--model-repository", str(repo),
                 "--http-port", str(self.http), "--grpc-port", str(free_port()),
                 "--metrics-port", str(self.metrics_port), "--cache-dir", str(workdir / "cache"),
-                "--idle-timeout", str(idle_timeout_s), "--warm-pool-size", str(pool_size),
+                "--idle-timeout", str(idle_timeout_s), *pool_args,
                 "--log-format", "json"]  # fmt: skip
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
@@ -85,9 +91,9 @@ class Server:
                 raise SystemExit(f"timed out waiting for {what}")
             time.sleep(0.02)
 
-    def workers(self) -> float:
+    def workers(self, model: str) -> float:
         text = self._get(f"http://127.0.0.1:{self.metrics_port}/metrics").text
-        return float(re.search(r'^naiad_model_workers\{model="digits"\} (\S+)$', text, re.M).group(1))
+        return float(re.search(rf'^naiad_model_workers\{{model="{model}"\}} (\S+)$', text, re.M).group(1))
 
     def records(self) -> list[dict]:
         found = []
@@ -115,23 +121,32 @@ class Server:
         self.process.wait(30)
 
 
-def compute_ns(url: str) -> int:
-    stat = requests.get(f"http://{url}/v2/models/digits/stats", timeout=5).json()["model_stats"][0]
+def compute_ns(url: str, model: str) -> int:
+    stat = requests.get(f"http://{url}/v2/models/{model}/stats", timeout=5).json()["model_stats"][0]
     return sum(stat["inference_stats"][k]["ns"] for k in ("compute_input", "compute_infer", "compute_output"))
 
 
-def one_cold_start(server: Server, x: np.ndarray) -> dict:
+def zeros_input(url: str, model: str) -> httpclient.InferInput:
+    """One request's input for ``model``: zeros of its first input's shape (-1 → 1), FP32."""
+    metadata = requests.get(f"http://{url}/v2/models/{model}", timeout=5).json()
+    first = metadata["inputs"][0]
+    shape = [1 if d == -1 else d for d in first["shape"]]
+    tensor = httpclient.InferInput(first["name"], shape, first["datatype"])
+    tensor.set_data_from_numpy(np.zeros(shape, dtype=np.float32))
+    return tensor
+
+
+def one_cold_start(server: Server, model: str) -> dict:
     url = f"127.0.0.1:{server.http}"
-    before = compute_ns(url)
-    client = httpclient.InferenceServerClient(url, network_timeout=60)
-    tensor = httpclient.InferInput("input", list(x.shape), "FP32")
-    tensor.set_data_from_numpy(x)
+    before = compute_ns(url, model)
+    client = httpclient.InferenceServerClient(url, network_timeout=120)
+    tensor = zeros_input(url, model)
     sent, t0 = time.time(), time.perf_counter()
-    client.infer("digits", [tensor])
+    client.infer(model, [tensor])
     total = time.perf_counter() - t0
-    first_compute_s = (compute_ns(url) - before) / 1e9
+    first_compute_s = (compute_ns(url, model) - before) / 1e9
     t1 = time.perf_counter()
-    client.infer("digits", [tensor])  # the same request to the worker now up: the baseline
+    client.infer(model, [tensor])  # the same request to the worker now up: the baseline
     hot = time.perf_counter() - t1
     client.close()
     cold = [r["cold_start"] for r in server.records() if "cold_start" in r]
@@ -150,19 +165,36 @@ def row_of(cold_start: dict, sent: float, total: float, compute_s: float, hot: f
             "compute": compute_s, "hot": hot}  # fmt: skip
 
 
-def run_mode(repo: Path, pool_size: int, runs: int, idle_timeout_s: float) -> list[dict]:
-    x = np.random.default_rng(0).uniform(0, 16, (1, 64)).astype(np.float32)
+#: Each mode's ``naiad serve`` flags (given the model's backend) and its table label.
+MODES = {
+    "bare": (lambda backend: ["--warm-pool-size", "0"], "bare process"),
+    "pool": (lambda backend: ["--warm-pool-size", "1"], "warm pool (onnxruntime)"),
+    "framework": (lambda backend: ["--warm-pool-size", "1", "--warm-pool-backend", backend],
+                  "warm pool (own backend)"),
+}
+
+
+def backend_of_model(repo: Path, model: str) -> str:
+    from repository_store import backend_of  # noqa: PLC0415
+    from repository_store.config import parse_config  # noqa: PLC0415
+
+    return backend_of(parse_config((repo / model / "config.pbtxt").read_text(), model))
+
+
+def run_mode(repo: Path, model: str, mode: str, runs: int, idle_timeout_s: float) -> list[dict]:
+    pool_args = MODES[mode][0](backend_of_model(repo, model))
+    pooled = mode != "bare"
     with tempfile.TemporaryDirectory(prefix="naiad-bench-") as tmp:
-        server = Server(repo, Path(tmp), pool_size, idle_timeout_s)
+        server = Server(repo, Path(tmp), pool_args, idle_timeout_s)
         try:
             rows = []
             for index in range(runs):
-                if pool_size:  # the pool's process for this run (the first, or a refill) is ready
-                    server.wait(lambda n=index: server.pool_ready_count() > n, 60, "the warm-pool process")
-                rows.append(one_cold_start(server, x))
-                server.wait(lambda: server.workers() == 0, 60, "the worker's idle exit")
+                if pooled:  # the pool's process for this run (the first, or a refill) is ready
+                    server.wait(lambda n=index: server.pool_ready_count() > n, 120, "the warm-pool process")
+                rows.append(one_cold_start(server, model))
+                server.wait(lambda: server.workers(model) == 0, 60, "the worker's idle exit")
                 # ... and its process gone (one still exiting would delay the next start a tick)
-                server.wait(lambda: server.worker_processes() <= pool_size, 60, "the worker's exit")
+                server.wait(lambda: server.worker_processes() <= int(pooled), 60, "the worker's exit")
             return rows
         finally:
             server.stop()
@@ -172,16 +204,16 @@ def ms(values: list[float], q: float) -> str:
     return f"{np.percentile(values, q) * 1000:.1f}"
 
 
-def table(results: dict[int, list[dict]]) -> str:
-    head = ["mode", "runs", "p50 ms", "p90 ms", "max ms", "to worker", *PHASES, "to answer", "(compute)",
-            "hot p50 ms"]  # fmt: skip
+def table(results: dict[tuple[str, str], list[dict]]) -> str:
+    head = ["model", "mode", "runs", "p50 ms", "p90 ms", "max ms", "total − load p50", "to worker", *PHASES,
+            "to answer", "(compute)", "hot p50 ms"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    for size, rows in results.items():
+    for (model, mode), rows in results.items():
         col = {k: [r[k] for r in rows] for k in rows[0]}
-        mode = f"warm pool ({size})" if size else "bare process"
+        over = [r["total"] - r["load"] for r in rows]
         phases = ("to worker", *PHASES, "to answer", "compute", "hot")
-        cells = [mode, str(len(rows)), ms(col["total"], 50), ms(col["total"], 90), ms(col["total"], 100),
-                 *(ms(col[k], 50) for k in phases)]  # fmt: skip
+        cells = [model, MODES[mode][1], str(len(rows)), ms(col["total"], 50), ms(col["total"], 90),
+                 ms(col["total"], 100), ms(over, 50), *(ms(col[k], 50) for k in phases)]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -193,11 +225,21 @@ def machine() -> str:
     return f"nproc {os.cpu_count()}, CPU {cpu}, Python {sys.version.split()[0]}"
 
 
+def build_resnet(repo: Path) -> None:
+    """``resnet50_pytorch`` (:mod:`bench.perf.resnet`) into ``repo``."""
+    if str(ROOT) not in sys.path:  # run as a script: bench/ is on sys.path, not the root
+        sys.path.insert(0, str(ROOT))
+    from bench.perf import resnet  # noqa: PLC0415
+
+    resnet.build(repo)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repository", type=Path, help="an example repository already built")
-    parser.add_argument("--runs", type=int, default=10, help="cold starts per mode")
-    parser.add_argument("--pool-sizes", type=int, nargs="+", default=[0, 1], help="modes: 0 = bare process")
+    parser.add_argument("--models", nargs="+", default=["digits"], help="models of the repository")
+    parser.add_argument("--runs", type=int, default=10, help="cold starts per model and mode")
+    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=["bare", "pool"])
     parser.add_argument("--idle-timeout", type=float, default=0.5, help="the workers' idle timeout, s")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="naiad-bench-repo-") as tmp:
@@ -206,8 +248,11 @@ def main() -> int:
             repo = Path(tmp) / "models"
             subprocess.run([sys.executable, str(ROOT / "examples" / "build_repository.py"), str(repo)],
                            check=True, capture_output=True)  # fmt: skip
-        results = {size: run_mode(repo, size, args.runs, args.idle_timeout) for size in args.pool_sizes}
-    print(f"{args.runs} cold starts of digits per mode; {machine()}\n")
+        if "resnet50_pytorch" in args.models and not (repo / "resnet50_pytorch").exists():
+            build_resnet(repo)
+        results = {(model, mode): run_mode(repo, model, mode, args.runs, args.idle_timeout)
+                   for model in args.models for mode in args.modes}  # fmt: skip
+    print(f"{args.runs} cold starts per model and mode; {machine()}\n")
     print(table(results))
     print("\nPhases: p50 in ms. 'to worker' = request → process start (bare) or claim (pool); "
           "'to answer' = worker ready → answer at the client, of which '(compute)' is the first inference; "

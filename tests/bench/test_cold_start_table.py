@@ -14,8 +14,12 @@ def test_every_worker_phase_is_a_column_warmup_included():
     record = {"origin": origin, "seconds": ready - origin, "warm_pool": False, **phases}
     row = row_of(record, sent=99.5, total=3.0, compute_s=0.01, hot=0.002)
     assert {k: row[k] for k in phases} == phases
-    head, _, cells = (line.strip("| ").split(" | ") for line in table({0: [row]}).splitlines())
+    rendered = table({("digits", "pool"): [row]})
+    head, _, cells = (line.strip("| ").split(" | ") for line in rendered.splitlines())
     shown = dict(zip(head, cells, strict=True))
-    assert list(phases) == head[6 : 6 + len(phases)]  # after mode, runs, p50/p90/max, to worker
+    # after model, mode, runs, p50/p90/max, total − load, to worker
+    assert list(phases) == head[8 : 8 + len(phases)]
     assert (shown["warmup"], shown["load"], shown["to worker"]) == ("375.0", "250.0", "500.0")
     assert shown["to answer"] == "500.0"  # sent + total - ready
+    assert shown["total − load p50"] == "2750.0"  # what the cold start cost beyond the model's load
+    assert (shown["model"], shown["mode"]) == ("digits", "warm pool (onnxruntime)")
