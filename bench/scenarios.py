@@ -68,6 +68,7 @@ class Run:
                 duration_s=args.duration,
                 server_pids=[server.pid],
                 label=label,
+                stats_url=server.http_url,
             ),
             args.loop,
         )

@@ -47,6 +47,32 @@ def table(series: list[dict]) -> str:
     return "\n".join(lines)
 
 
+#: The cost table's CPU columns: process kinds of :mod:`bench.perf.costs`.
+COST_KINDS = ("server", "redis-server", "worker", "python stub")
+
+
+def costs_table(series: list[dict]) -> str:
+    """One row per point that has ``costs``: CPU µs per request per process kind and in all,
+    Redis commands and read events (round trips) per request, batches: mean size and the
+    share of batches of one request. '' when no point has them."""
+    head = ["series", "load", "req/s", *(f"{k} µs/req" for k in COST_KINDS), "total µs/req",
+            "Redis cmds/req", "Redis reads/req", "mean batch", "batches of 1"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for s in series:
+        for p in (p for p in s["points"] if p.get("costs")):
+            c = p["costs"]
+            cpu, redis, batches = c.get("cpu_us_per_request", {}), c.get("redis", {}), c.get("batches", {})
+            ones = None
+            if batches.get("executed"):
+                ones = batches["by_size"].get("1", 0) / batches["executed"]
+            cells = [s["label"], _level(p), _fmt(p["throughput_rps"], 0),
+                     *(_fmt(cpu.get(k), 0) for k in COST_KINDS), _fmt(sum(cpu.values()) if cpu else None, 0),
+                     _fmt(redis.get("commands_per_request")), _fmt(redis.get("reads_per_request")),
+                     _fmt(batches.get("mean_size")), "–" if ones is None else f"{ones:.0%}"]  # fmt: skip
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
 def targets_table(targets: list[dict]) -> str:
     head = ["target", "measured", "goal", "met"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
@@ -69,6 +95,10 @@ def markdown(doc: dict, title: str | None = None, plot_name: str | None = None) 
         "",
         table(doc["series"]),
     ]
+    costs = costs_table(doc["series"])
+    if costs:
+        parts += ["", "Cost per request (CPU µs by process kind, Redis, batches: bench/perf/costs.py):", "",
+                  costs]
     if doc.get("targets"):
         parts += ["", targets_table(doc["targets"])]
     for note in doc.get("notes", []):
