@@ -130,3 +130,28 @@ def test_chunked_bodies_split_anywhere() -> None:
     buf = bytearray(wire)
     assert loadgen._take_chunked(buf) == b"hello world"
     assert buf == b"NEXT"
+
+
+def test_costs_of_naiad_count_its_processes_redis_and_batches(tmp_path: Path) -> None:
+    """Against a real ``naiad serve`` (embedded Redis): each point's costs split the CPU by
+    process kind, read the embedded Redis's counters (found through its unix socket) and
+    count the batches of the statistics extension: every request ran in one of them."""
+    from bench.perf.servers import running, start_naiad  # noqa: PLC0415
+
+    repo = tmp_path / "repo"
+    build_tiny(repo)
+    with running(start_naiad(repo, tmp_path / "logs", ["tiny"])) as naiad:
+        series = loadgen.run(lambda: loadgen.measure(
+            tiny_target(naiad.http_url), concurrency=[2], warmup_s=0.2, duration_s=0.6,
+            server_pids=[naiad.pid], stats_url=naiad.http_url))  # fmt: skip
+    [point] = series["points"]
+    costs = point["costs"]
+    assert point["requests"] > 0 and point["errors"] == 0
+    assert {"server", "redis-server", "worker"} <= set(costs["cpu_us_per_request"])
+    assert all(v >= 0 for v in costs["cpu_us_per_request"].values())
+    redis = costs["redis"]
+    assert redis["reads_per_request"] >= 1 and redis["commands_per_request"] >= redis["reads_per_request"]
+    assert redis["calls_per_request"]["xadd"] == pytest.approx(1.0, abs=0.25)  # one entry a request
+    batches = costs["batches"]
+    rows = sum(int(size) * n for size, n in batches["by_size"].items())
+    assert batches["executed"] >= 1 and rows == pytest.approx(point["requests"], rel=0.25)
