@@ -27,7 +27,7 @@ from redis.exceptions import RedisError
 from gateway.access import HTTP_GROUPS, AccessPolicy
 from gateway.dataplane import DataPlane
 from gateway.http_codec import HEADER_LENGTH, parse_infer_request, render_infer_response
-from gateway.http_encoding import accepted_coding, compress, decode_body
+from gateway.http_encoding import COMPRESS_MIN_BYTES, accepted_coding, compress, decode_body
 from gateway.status_page import render_page
 from naiad.errors import InvalidInput, Unavailable, as_naiad_error
 from naiad.status import status_snapshot
@@ -175,10 +175,13 @@ async def _infer(request: web.Request) -> web.Response:
     payload, headers = render_infer_response(response, infer_request)
     # Inference-Header-Content-Length keeps counting uncompressed bytes: tritonclient
     # decompresses first, then splits (tritonclient/http/_infer_result.py).
-    coding = accepted_coding(request.headers.get(hdrs.ACCEPT_ENCODING))
+    accept = request.headers.get(hdrs.ACCEPT_ENCODING)
+    coding = accepted_coding(accept) if len(payload) >= COMPRESS_MIN_BYTES else None
     if coding is not None:
         payload = await _off_loop(len(payload), compress, payload, coding)
-        headers = {**headers, hdrs.CONTENT_ENCODING: coding, hdrs.VARY: hdrs.ACCEPT_ENCODING}
+        headers = {**headers, hdrs.CONTENT_ENCODING: coding}
+    if accept is not None:
+        headers = {**headers, hdrs.VARY: hdrs.ACCEPT_ENCODING}
     return web.Response(body=payload, headers=headers)
 
 

@@ -22,6 +22,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from gateway.http import load_openapi
+from gateway.http_encoding import COMPRESS_MIN_BYTES
 
 LIMIT = 1 << 20
 DIGITS = "/v2/models/digits/infer"
@@ -131,19 +132,31 @@ def test_tritonclient_aio_compression(server, digits_onnx, digits_holdout):
 
 
 @pytest.mark.parametrize("coding", ["gzip", "deflate"])
-def test_compressed_response_on_the_wire(server, coding):
-    """The body is compressed and Inference-Header-Content-Length counts uncompressed bytes."""
-    body = json_body(parameters={"binary_data_output": True})
+def test_compressed_response_on_the_wire(server, digits_holdout, coding):
+    """A body of COMPRESS_MIN_BYTES or more is compressed and Inference-Header-Content-Length
+    counts uncompressed bytes; a smaller one goes as it is. Both say ``Vary``."""
+    rows = digits_holdout[0][:64]
+    spec = {"name": "input", "datatype": "FP32", "shape": [64, 64], "data": rows.ravel().tolist()}
+    body = {"inputs": [spec], "parameters": {"binary_data_output": True}}
     response = requests.post(
         server.http + DIGITS, json=body, headers={"Accept-Encoding": coding}, stream=True, timeout=60
     )
     raw = response.raw.read(decode_content=False)
     assert response.status_code == 200
-    assert response.headers["Content-Encoding"] == coding
+    assert response.headers["Content-Encoding"] == coding and response.headers["Vary"] == "Accept-Encoding"
     plain = gzip.decompress(raw) if coding == "gzip" else zlib.decompress(raw)
+    assert len(plain) >= COMPRESS_MIN_BYTES
     header, tail = split(response, plain)
     sizes = [out["parameters"]["binary_data_size"] for out in header["outputs"]]
-    assert sizes == [40, 8] and len(tail) == 48
+    assert sizes == [64 * 40, 64 * 8] and len(tail) == 64 * 48
+
+    small = requests.post(server.http + DIGITS, json=json_body(parameters={"binary_data_output": True}),
+                          headers={"Accept-Encoding": coding}, stream=True, timeout=60)  # fmt: skip
+    plain = small.raw.read(decode_content=False)
+    assert small.status_code == 200 and "Content-Encoding" not in small.headers
+    assert small.headers["Vary"] == "Accept-Encoding" and len(plain) < COMPRESS_MIN_BYTES
+    header, tail = split(small, plain)
+    assert [out["parameters"]["binary_data_size"] for out in header["outputs"]] == [40, 8] and len(tail) == 48
 
 
 def test_compressed_binary_request_header_length_is_uncompressed(server):
