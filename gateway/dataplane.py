@@ -13,7 +13,6 @@ import contextlib
 import functools
 import logging
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -38,6 +37,7 @@ from naiad.errors import (
     Unavailable,
     Unsupported,
 )
+from naiad.ids import fresh_id
 from naiad.inference import InferRequest, InferResponse
 from naiad.queue_policy import Placement
 from naiad.stats_writer import StatsWriter
@@ -250,7 +250,7 @@ class DataPlane:
     async def infer(self, request: InferRequest) -> InferResponse:
         """:meth:`_infer` with the request's log context (request id: the client's ``id``, or
         a fresh one) and, when tracing is on, the ``naiad.infer`` span around it."""
-        request_id = request.id or uuid.uuid4().hex[:16]
+        request_id = request.id or fresh_id()
         attributes = {"naiad.model": request.model, "naiad.version": request.version,
                       "naiad.request_id": request_id}
         started_ns = time.perf_counter_ns()

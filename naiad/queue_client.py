@@ -47,6 +47,7 @@ from redis.exceptions import RedisError
 from naiad import keys, logs, tracing
 from naiad.codec import Reply, decode_replies, encode_request
 from naiad.errors import DeadlineExceeded, InvalidInput, Overloaded, QueueTimeout, Unavailable
+from naiad.ids import fresh_id
 from naiad.inference import InferRequest, InferResponse
 from naiad.queue_policy import Placement
 from naiad.reply_order import ReplyOrder
@@ -150,7 +151,7 @@ class QueueDispatcher:
         A timed-out or cancelled request withdraws its entry (see the module doc).
         """
         placement = placement or Placement(0, keys.request_stream(request.model), max_queue, 0.0, True, False)
-        queue_id = uuid.uuid4().hex
+        queue_id = fresh_id()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Reply] = loop.create_future()
         self._pending[queue_id] = future
