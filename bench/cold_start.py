@@ -10,7 +10,7 @@ zeros, shaped from the model's metadata) through ``tritonclient.http``, then it 
 the worker left (``naiad_model_workers`` back to 0, after the ``--idle-timeout``) and, with a
 pool, until the pool's replacement process logged that it is ready. It prints Markdown: p50/p90/max of
 the client's latency, and the p50 of where the time went, from the worker's "ready" log
-record (:func:`workers.worker.cold_start_phases`) and the statistics extension:
+record (:func:`workers.cold_start.cold_start_phases`) and the statistics extension:
 
 - *to worker*: request sent → the process started (bare) or was claimed (pool): the
   gateway's enqueue, the scaler's wake-up and its spawn or claim;
@@ -47,7 +47,7 @@ import psutil
 import requests
 import tritonclient.http as httpclient
 
-from workers.worker import cold_start_phases
+from workers.cold_start import cold_start_phases
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The worker's cold-start phases, in its order (start, registry, open, pull, load, warmup).

@@ -198,7 +198,8 @@ async def serve_claim(settings: Settings, parse: Callable[[list[str]], tuple[Set
     ``parse`` turns the claimed command's arguments into its settings and model. (The
     worker's modules are imported here: the scaler, which imports this module, needs none.)"""
     from workers import backends  # noqa: PLC0415
-    from workers.worker import Prepared, Worker, process_started_at  # noqa: PLC0415
+    from workers.cold_start import process_started_at  # noqa: PLC0415
+    from workers.worker import Prepared, Worker  # noqa: PLC0415
 
     ready = backends.prepare(settings.warm_pool_backends)
     redis, store = await _connect(settings), await _open(settings)

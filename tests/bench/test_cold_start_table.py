@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from bench.cold_start import row_of, table
+from workers.cold_start import cold_start_phases
 from workers.loader import VersionLoad
-from workers.worker import cold_start_phases
 
 
 def test_every_worker_phase_is_a_column_warmup_included():

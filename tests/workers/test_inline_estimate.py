@@ -1,8 +1,8 @@
-"""Which batches a worker runs on its event loop: :func:`workers.worker.expected_ns`."""
+"""Which batches a worker runs on its event loop: :func:`workers.execution.expected_ns`."""
 
 import math
 
-from workers.worker import INLINE_INFER_S, expected_ns
+from workers.execution import INLINE_INFER_S, expected_ns
 
 
 def test_a_known_size_class_gives_its_last_time() -> None:

@@ -11,9 +11,9 @@ from onnx import TensorProto, helper
 
 from repository_store import parse_config
 from workers.backends import load_backend
+from workers.cold_start import cold_start_phases
 from workers.model import ModelRunner
 from workers.warmup import WarmupFailed, run_warmup, sample_inputs
-from workers.worker import cold_start_phases
 
 CONFIG = """
 name: "double" backend: "onnxruntime" max_batch_size: 8

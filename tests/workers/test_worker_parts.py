@@ -1,0 +1,145 @@
+"""The worker's parts on their own, against a private redis-server and the example ``digits``
+model (ONNX Runtime): running a batch (:mod:`workers.execution`), the reply pipeline with the
+next claim (:mod:`workers.replies`) and the registry watch (:mod:`workers.lifecycle`)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from naiad import keys
+from naiad.codec import QueuedRequest, decode_replies, encode_request
+from naiad.inference import InferRequest, RequestedOutput, Tensor
+from naiad.redis_client import connect
+from naiad.settings import Settings
+from repository_store import ModelEntry, index_repository, open_store
+from workers.execution import BatchExecutor
+from workers.lifecycle import Lifecycle
+from workers.loader import VersionLoader
+from workers.queue_reader import QueueReader
+from workers.replies import ReplySender
+
+MODEL = "digits"
+
+
+def queued(rows: np.ndarray, queue_id: str, reply_to: str = "naiad:reply:test") -> QueuedRequest:
+    request = InferRequest(MODEL, 1, [Tensor("input", "FP32", list(rows.shape), rows)],
+                           outputs=[RequestedOutput("label")])  # fmt: skip
+    now = time.time()
+    return QueuedRequest(queue_id, request, reply_to, now + 30, now)
+
+
+def entry(example_repository) -> ModelEntry:
+    return index_repository(open_store(str(example_repository)))[MODEL]
+
+
+@pytest.fixture
+def settings(example_repository, tmp_path) -> Settings:
+    return Settings(model_repository=str(example_repository), cache_dir=tmp_path / "cache")
+
+
+def run(scenario):
+    return asyncio.run(scenario())
+
+
+def test_a_batch_is_merged_run_split_and_timed(settings, example_repository, digits_holdout, digits_onnx):
+    """Three requests of 1, 2 and 3 rows in one batch: each gets its own rows' labels back,
+    the statistics count one execution of 6 rows, a queue time per request and the three
+    compute phases; a bad request in the batch fails the batch, not the worker."""
+    x = digits_holdout[0][:6]
+    expected = digits_onnx.run(["label"], {"input": x})[0]
+
+    async def scenario():
+        loader = VersionLoader(settings, MODEL)
+        await loader.start(entry(example_repository))
+        executor = BatchExecutor(MODEL, loader)
+        group = [queued(x[:1], "a"), queued(x[1:3], "b"), queued(x[3:6], "c")]
+        payloads, run_stats = await executor.execute(group)
+        bad = queued(np.zeros((1, 3), np.float32), "d")  # 3 pixels, not 64: the backend refuses
+        bad_payloads, bad_stats = await executor.execute([bad])
+        loader.close()
+        return payloads, run_stats, bad_payloads, bad_stats
+
+    payloads, run_stats, bad_payloads, bad_stats = run(scenario)
+    replies = [decode_replies(p)[0] for p in payloads]
+    assert [r.queue_id for r in replies] == ["a", "b", "c"]
+    labels = np.concatenate([r.outputs[0].data for r in replies])
+    np.testing.assert_array_equal(labels, expected)
+    assert run_stats.rows == 6 and len(run_stats.queue_ns) == 3
+    assert set(run_stats.phases_ns) == {"compute_input", "compute_infer", "compute_output"}
+    assert all(ns >= 0 for ns in run_stats.phases_ns.values())
+    [failed] = decode_replies(bad_payloads[0])
+    assert bad_stats is None and failed.error is not None and failed.queue_id == "d"
+
+
+def test_the_reply_pipeline_answers_acknowledges_and_claims(redis_url, settings):
+    """Replies for two gateways land on their own lists, concatenated per gateway, with a TTL;
+    the entries are acknowledged and deleted; the claim sent last brings the next request."""
+    stream = keys.request_stream(MODEL)
+
+    async def scenario():
+        redis = connect(redis_url, longest_block_s=1.0)
+        await redis.delete(stream, "naiad:reply:g1", "naiad:reply:g2")
+        reader = QueueReader(redis, MODEL, "w1")
+        await reader.ensure_groups()
+        now = time.time()
+        for queue_id, gateway in (("a", "g1"), ("b", "g2"), ("c", "g1")):
+            fields = encode_request(queue_id, queued(np.ones((1, 64), np.float32), queue_id).request,
+                                    f"naiad:reply:{gateway}", now + 30, now)  # fmt: skip
+            await redis.xadd(stream, fields)
+        claimed = await reader.read(3, None)
+        fields = encode_request("next", claimed[0].request, "naiad:reply:g1", now + 30, now)
+        await redis.xadd(stream, fields)  # waits for the claim that goes with the replies
+        sender = ReplySender(redis, MODEL, reader, VersionLoader(settings, MODEL))
+        pairs = [(q, f"reply-{q.queue_id}".encode()) for q in claimed]
+        got = await sender.send(pairs, claim=(4, None))
+        lists = {g: await redis.lrange(f"naiad:reply:{g}", 0, -1) for g in ("g1", "g2")}
+        ttl = await redis.ttl("naiad:reply:g1")
+        left = await redis.xlen(stream)
+        await redis.aclose()
+        return got, lists, ttl, left
+
+    got, lists, ttl, left = run(scenario)
+    assert lists == {"g1": [b"reply-areply-c"], "g2": [b"reply-b"]}
+    assert 0 < ttl <= keys.REPLY_TTL_S
+    requests, sent = got
+    assert [q.queue_id for q in requests] == ["next"] and sent <= time.monotonic()
+    assert left == 1  # the three answered entries deleted; the claimed one stays until answered
+
+
+def test_the_registry_watch_drains_on_a_new_config_and_retires_on_new_versions(
+    redis_url, settings, example_repository
+):
+    """A changed config makes the worker outdated (drain now); only new versions make it
+    superseded (serve the old queue, then retire); an unchanged generation costs one GET."""
+    loaded = entry(example_repository)
+
+    async def scenario():
+        redis = connect(redis_url, longest_block_s=1.0)
+        await redis.hset(keys.REGISTRY, MODEL, loaded.to_bytes())
+        await redis.incr(keys.REGISTRY_GENERATION)
+        loader = VersionLoader(settings, MODEL)
+        await loader.start(loaded)
+        stopping = asyncio.Event()
+        life = Lifecycle(settings, redis, MODEL, "w1", QueueReader(redis, MODEL, "w1"), loader, stopping)
+        assert await life.registered() == loaded
+        steps = [await life.outdated()]  # nothing changed
+        newer = ModelEntry(MODEL, loaded.config, [*loaded.versions, 99], "READY")
+        await redis.hset(keys.REGISTRY, MODEL, newer.to_bytes())
+        await redis.incr(keys.REGISTRY_GENERATION)
+        steps += [await life.outdated(), life.superseded, life.retired()]
+        changed = loaded.config.__class__()
+        changed.CopyFrom(loaded.config)
+        changed.max_batch_size = 8
+        reconfigured = ModelEntry(MODEL, changed, loaded.versions, "READY")
+        await redis.hset(keys.REGISTRY, MODEL, reconfigured.to_bytes())
+        await redis.incr(keys.REGISTRY_GENERATION)
+        steps.append(await life.outdated())
+        loader.close()
+        await redis.aclose()
+        return steps
+
+    assert run(scenario) == [False, False, True, False, True]

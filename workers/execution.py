@@ -1,0 +1,177 @@
+"""Running one dynamic batch of one version: merge, run, split, and Triton's phase timings.
+
+:class:`BatchExecutor` is the one place a worker runs a batch. For a merged backend (ONNX
+Runtime, TorchScript, SavedModel) it times Triton's three compute phases (statistics
+extension): ``compute_input`` (reshape to the config's ``reshape``, merge along dimension 0:
+:func:`workers.batching.merge`), ``compute_infer`` (the backend) and ``compute_output``
+(reshape back, split per request: :func:`workers.batching.split`, encode the replies). A
+request-level backend (Triton's Python backend, ``execute_requests``, see
+:class:`workers.backends.Backend`) takes the batch's requests as they are and answers each on
+its own, outputs or the error that fails that request alone; its phases are kept alike:
+compute_input 0 (nothing to merge), compute_infer (the backend), compute_output (encoding).
+
+The backend runs in a thread, so the worker's event loop (heartbeats, claims) keeps going,
+unless the batch is expected to compute within :data:`INLINE_INFER_S`: then a thread
+hand-off would cost more than the model, and it runs on the event loop (:func:`expected_ns`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+import weakref
+from collections.abc import Sequence
+
+import numpy as np
+
+from naiad import logs, stats, tracing
+from naiad.codec import QueuedRequest, Reply, encode_reply
+from naiad.datatypes import datatype_of
+from naiad.errors import InferenceFailed, NaiadError
+from naiad.inference import Tensor
+from workers import batching
+from workers.loader import VersionLoader
+from workers.model import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+#: A batch expected to compute within this many seconds runs on the event loop.
+INLINE_INFER_S = 0.001
+
+
+class BatchExecutor:
+    """Runs the batches of one worker's model through the versions ``loader`` loads."""
+
+    def __init__(self, model: str, loader: VersionLoader):
+        self.model = model
+        self.loader = loader
+        # each runner's last compute_infer (ns) per batch size class (rows.bit_length())
+        self._infer_ns: weakref.WeakKeyDictionary[ModelRunner, dict[int, int]] = weakref.WeakKeyDictionary()
+
+    async def execute(self, group: list[QueuedRequest]) -> tuple[list[bytes], stats.Execution | None]:
+        """Run ``group`` (one batch, one version): the encoded replies in ``group`` order, and
+        the batch's statistics if it ran. Never raises for the model's sake: a failure of the
+        whole batch answers each of its requests with the error. With the batch's log context
+        (version, request ids) and, when tracing is on, a ``naiad.queue`` span per request
+        and the ``naiad.batch`` span."""
+        version, ids = group[0].request.version, [q.request_id for q in group]
+        started_ns = time.time_ns()
+        for queued in group:
+            tracing.record("naiad.queue", int(queued.enqueued_at * 1e9), started_ns,
+                           {"naiad.request_id": queued.request_id}, parent=queued.traceparent)
+        attributes = {"naiad.model": self.model, "naiad.version": version,
+                      "naiad.request_ids": ids, "naiad.batch_requests": len(group)}
+        with logs.request_context(logs.batch_ids(ids), version=version), tracing.span(
+            "naiad.batch", attributes, kind="consumer", parent=group[0].traceparent,
+            links=[q.traceparent for q in group],
+        ):
+            payloads, run = await self._execute_batch(group)
+            elapsed_ms = (time.time_ns() - started_ns) / 1e6
+            logger.debug("batch of %d requests done in %.2f ms", len(group), elapsed_ms)
+            return payloads, run
+
+    async def _execute_batch(
+        self, group: list[QueuedRequest]
+    ) -> tuple[list[bytes], stats.Execution | None]:
+        try:
+            runner = await self.loader.get(group[0].request.version)
+            if is_request_level(runner):
+                return await run_requests(runner, group)
+            return await self._run_merged(runner, group)
+        except NaiadError as exc:
+            error = exc
+        except Exception as exc:  # the backend's own errors reach the client with their text
+            logger.exception("inference failed on model '%s'", self.model)
+            error = InferenceFailed(f"inference failed: {exc}")
+        return [encode_reply(Reply(q.queue_id, error=error)) for q in group], None
+
+    async def _run_merged(
+        self, runner: ModelRunner, group: list[QueuedRequest]
+    ) -> tuple[list[bytes], stats.Execution]:
+        """Triton's phases, timed (module docstring) around merge, run, split."""
+        requests = [queued.request for queued in group]
+        started_s, t0 = time.time(), time.perf_counter_ns()
+        batched = runner.config.max_batch_size > 0
+        sizes = [batching.rows(r) if batched else 1 for r in requests]
+        feed = runner.feed(batching.merge(requests), sum(sizes))
+        names = runner.names([o.name for o in requests[0].outputs])
+        t1 = time.perf_counter_ns()
+        with tracing.span("naiad.backend", {"naiad.batch_rows": sum(sizes)}):
+            if self.inline(runner, sum(sizes)):
+                results = runner.backend.infer(feed, names)
+            else:
+                results = await asyncio.to_thread(runner.backend.infer, feed, names)
+        t2 = time.perf_counter_ns()
+        self._infer_ns.setdefault(runner, {})[sum(sizes).bit_length()] = t2 - t1
+        outputs = runner.restore(results, names, sum(sizes))
+        parts = batching.split(outputs, sizes) if batched else [outputs]
+        phases = {"compute_input": t1 - t0, "compute_infer": t2 - t1}
+        payloads = [
+            encode_reply(Reply(q.queue_id, _tensors(part), timings_ns=dict(phases)))
+            for q, part in zip(group, parts, strict=True)
+        ]
+        phases["compute_output"] = time.perf_counter_ns() - t2
+        return payloads, _execution(requests[0].version, sum(sizes), group, started_s, phases)
+
+    def inline(self, runner: ModelRunner, rows: int) -> bool:
+        """Run this batch on the event loop, not in a thread: when it is expected to take
+        under :data:`INLINE_INFER_S` (:func:`expected_ns` of what ``runner`` took before)."""
+        return expected_ns(self._infer_ns.get(runner, {}), rows) < INLINE_INFER_S * 1e9
+
+
+def is_request_level(runner: ModelRunner) -> bool:
+    """True when ``runner``'s backend answers requests one by one (``execute_requests``)."""
+    return callable(getattr(runner.backend, "execute_requests", None))
+
+
+async def run_requests(
+    runner: ModelRunner, group: Sequence[QueuedRequest]
+) -> tuple[list[bytes], stats.Execution]:
+    """Run ``group`` (one batch, one version) through the backend's ``execute_requests``,
+    in a thread: the encoded replies in ``group`` order and the batch's statistics. Raises
+    what the backend raises when the whole batch fails."""
+    requests = [queued.request for queued in group]
+    batched = runner.config.max_batch_size > 0
+    rows = sum(batching.rows(r) if batched else 1 for r in requests)
+    started_s, t1 = time.time(), time.perf_counter_ns()
+    with tracing.span("naiad.backend", {"naiad.batch_rows": rows, "naiad.batch_requests": len(group)}):
+        results = await asyncio.to_thread(runner.backend.execute_requests, requests)  # type: ignore[attr-defined]
+    t2 = time.perf_counter_ns()
+    phases = {"compute_input": 0, "compute_infer": t2 - t1}
+    payloads = [
+        encode_reply(Reply(q.queue_id, error=result) if isinstance(result, NaiadError)
+                     else Reply(q.queue_id, result, timings_ns=dict(phases)))
+        for q, result in zip(group, results, strict=True)
+    ]  # fmt: skip
+    phases["compute_output"] = time.perf_counter_ns() - t2
+    return payloads, _execution(requests[0].version, rows, group, started_s, phases)
+
+
+def _execution(
+    version: int, rows: int, group: Sequence[QueuedRequest], started_s: float, phases: dict[str, int]
+) -> stats.Execution:
+    """The statistics of one executed batch: each request's queue time (enqueue → the batch
+    started, ns) and the phases."""
+    queue_ns = [max(0, int((started_s - q.enqueued_at) * 1e9)) for q in group]
+    return stats.Execution(version, rows, queue_ns, phases, int(time.time() * 1000))
+
+
+def expected_ns(by_class: dict[int, int], rows: int) -> float:
+    """A batch of ``rows`` rows' expected compute time (ns) from ``by_class`` (the last time
+    per size class, ``rows.bit_length()``): the same class's time; else the nearest smaller
+    class's time scaled by the rows (a batch costs less per row than one row alone, so this
+    overestimates), else a larger class's time; inf when nothing was seen (a thread, once)."""
+    size_class = rows.bit_length()
+    if size_class in by_class:
+        return by_class[size_class]
+    smaller = [c for c in by_class if c < size_class]
+    if smaller:
+        nearest = max(smaller)
+        return by_class[nearest] * rows / (1 << (nearest - 1))
+    return min(by_class.values(), default=math.inf)
+
+
+def _tensors(arrays: dict[str, np.ndarray]) -> list[Tensor]:
+    return [Tensor(name, datatype_of(a.dtype), list(a.shape), a) for name, a in arrays.items()]

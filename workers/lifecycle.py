@@ -1,0 +1,165 @@
+"""A worker's standing in the cluster: its heartbeat, what the registry says of its model,
+retirement, and leaving.
+
+- **Heartbeat**: the worker's id in the sorted set ``naiad:{m}:workers`` with a deadline of
+  three heartbeat periods as its score; the scaler, the gateways and ``naiad_model_workers``
+  count live workers from it, and a dead worker's claimed requests are reclaimed once its
+  deadline passed (:mod:`workers.reclaim`).
+- **Registry watch**: once a heartbeat, one ``GET`` of the registry generation; when it
+  moved, the model's entry: unloaded, removed or reconfigured → drain and exit (the next
+  request cold-starts a fresh worker); only its versions changed (poll mode's new version) →
+  *superseded*: serve what is still queued for the loaded versions for at most
+  :data:`RETIRE_S`, hand a request for a newer version back to the stream, then exit.
+- **Leaving**: deregister, and wake the scaler when a superseded worker leaves a backlog
+  behind; an idle worker leaves only if the model's ``min_workers`` allows it and no request
+  raced the decision (:mod:`workers.scaling`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from naiad import keys
+from naiad.codec import QueuedRequest
+from naiad.errors import NaiadError
+from naiad.settings import Settings
+from repository_store import ModelEntry
+from workers import load_failure, scaling
+from workers.loader import VersionLoader
+from workers.queue_reader import QueueReader
+
+logger = logging.getLogger(__name__)
+
+#: Longest time a worker whose versions left the policy keeps serving what was queued for
+#: them (it stops earlier at an empty queue or at the first request for a newer version).
+RETIRE_S = 10.0
+
+
+class Lifecycle:
+    """The standing of worker ``worker_id`` of ``model`` (module docstring). ``stopping`` is
+    the worker's drain signal: set here when the registry no longer serves what it loaded."""
+
+    def __init__(
+        self, settings: Settings, redis: Redis, model: str, worker_id: str, queue: QueueReader,
+        loader: VersionLoader, stopping: asyncio.Event,
+    ):  # fmt: skip
+        self.settings, self.redis, self.model, self.worker_id = settings, redis, model, worker_id
+        self.queue, self.loader, self.stopping = queue, loader, stopping
+        self.superseded = False  # the registry no longer serves what this worker loaded
+        self._retire_by: float | None = None  # versions changed: serve the old queue until then
+        self._generation: bytes | None = None
+        self.registered_raw: bytes | None = None  # the registry entry as last read
+
+    async def heartbeat(self) -> None:
+        deadline = time.time() + 3 * self.settings.heartbeat_s
+        await self.redis.zadd(keys.workers(self.model), {self.worker_id: deadline})
+
+    async def heartbeat_loop(self) -> None:
+        """Beat every heartbeat period, and drain when the registry moved on (:meth:`outdated`)."""
+        while True:
+            await asyncio.sleep(self.settings.heartbeat_s)
+            with contextlib.suppress(Exception):
+                await self.heartbeat()
+                if await self.outdated():
+                    self.stopping.set()  # drain: finish what is claimed, then exit
+
+    async def registered(self) -> ModelEntry | None:
+        """The model's registry entry (None if it has none), noting the generation first."""
+        self._generation = await self.redis.get(keys.REGISTRY_GENERATION)
+        raw = self.registered_raw = await self.redis.hget(keys.REGISTRY, self.model)
+        return ModelEntry.from_bytes(raw) if raw else None
+
+    async def mark_unavailable(self, tried: bytes, error: NaiadError) -> None:
+        """The load of registry entry ``tried`` failed in the model: mark it UNAVAILABLE with
+        the reason (:mod:`workers.load_failure`) before answering the backlog, so a gateway
+        that gets the answer already finds the model not ready. A Redis failure is logged."""
+        try:
+            if await load_failure.mark_unavailable(self.redis, tried, error.message):
+                logger.warning("model '%s' marked UNAVAILABLE until it is loaded again", self.model)
+            else:
+                logger.info("model '%s' changed in the registry meanwhile: not marked", self.model)
+        except RedisError as exc:
+            logger.warning("model '%s' not marked UNAVAILABLE: %s", self.model, exc)
+
+    async def outdated(self) -> bool:
+        """True when the registry changed (one GET per heartbeat when it did not) and no
+        longer serves what this worker loaded: the model was unloaded or removed, or its
+        config changed. When only its versions changed it is False but the worker retires
+        (module docstring, :meth:`retired`)."""
+        loaded = self.loader.entry
+        generation = await self.redis.get(keys.REGISTRY_GENERATION)
+        if loaded is None or generation is None or generation == self._generation:
+            return False  # None: a restarted, empty Redis; a gateway re-indexes, keep serving
+        current = await self.registered()
+        if current is None or not current.ready:
+            why = current.reason if current is not None else "removed"
+            logger.info("model '%s' is unavailable (%s): draining, then exiting", self.model, why)
+        elif current.config != loaded.config:
+            logger.info("model '%s' changed in the registry: draining, then exiting", self.model)
+        elif current.versions != loaded.versions:
+            if not self.superseded:
+                logger.info("model '%s' now serves versions %s: serving what is queued for %s, "
+                            "then exiting", self.model, current.versions, loaded.versions)
+                self.superseded, self._retire_by = True, time.monotonic() + RETIRE_S
+            return False
+        else:
+            return False
+        self.superseded = True
+        return True
+
+    def retired(self) -> bool:
+        """True once a superseded worker served the old queue for :data:`RETIRE_S`."""
+        if self._retire_by is not None and time.monotonic() > self._retire_by:
+            logger.info("model '%s': retiring after %g s", self.model, RETIRE_S)
+            return True
+        return False
+
+    async def hand_over(self, requests: list[QueuedRequest]) -> list[QueuedRequest]:
+        """The requests this worker serves. One for a version it did not load, claimed after
+        the registry moved on (a new version raced this worker's drain), goes back to the
+        stream (a copy added, the claimed entry acknowledged and deleted, atomically) for the
+        successor; this worker drains. Without a registry change it stays (ModelNotFound)."""
+        loaded = self.loader.entry
+        foreign = [r for r in requests if loaded is not None and r.request.version not in loaded.versions]
+        if foreign and not self.superseded:
+            await self.outdated()  # marks this worker superseded if the registry moved on
+        if not foreign or not self.superseded:
+            return requests
+        self.stopping.set()
+        await self.queue.hand_back(foreign)
+        logger.info("handed %d requests for a newer version back to the queue", len(foreign))
+        handed = {id(r) for r in foreign}
+        return [r for r in requests if id(r) not in handed]
+
+    async def leave_if_idle(self, policy: scaling.ScalingPolicy) -> Sequence[QueuedRequest] | None:
+        """Deregister, then look once more: None to leave; else the worker stays (registered
+        again), with a request that raced the decision to serve, or none when the model's
+        ``min_workers`` needs it (of two deciding at once, the one that counts last sees the
+        other gone and stays)."""
+        await self.redis.zrem(keys.workers(self.model), self.worker_id)
+        others = await self.redis.zcount(keys.workers(self.model), time.time(), "+inf")
+        if not scaling.may_leave_idle(policy, others):
+            await self.heartbeat()
+            return []
+        late = await self.queue.read(1, None)
+        if not late:
+            logger.info("idle for %g s, exiting (scale to zero)", policy.idle_timeout_s)
+            return None
+        await self.heartbeat()
+        return late
+
+    async def deregister(self) -> None:
+        """Leave the live workers and the consumer group; a superseded worker that leaves a
+        backlog wakes the scaler for its successor."""
+        with contextlib.suppress(Exception):
+            await self.redis.zrem(keys.workers(self.model), self.worker_id)
+            await self.queue.leave()
+            if self.superseded and await self.queue.backlog():
+                await self.redis.rpush(keys.SCALER_WAKE, self.model)  # start the successor now

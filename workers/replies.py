@@ -1,0 +1,108 @@
+"""A worker's reply pipeline: one Redis round trip per batch for everything it has to say.
+
+:meth:`ReplySender.send` writes, in one pipeline: the batch's statistics first (one command,
+:func:`naiad.stats.add_execution`, so a gateway that has its reply already sees them), the
+versions pulled and loaded since the last batch (:mod:`naiad.telemetry`), one ``RPUSH`` per
+gateway of the batch's replies for it, concatenated (:func:`naiad.codec.decode_replies`), with
+the reply list's TTL (a dead gateway's replies vanish), ``XACK`` and ``XDEL`` of the entries,
+and, when asked, the worker's next claim (``XREADGROUP``) as its last command: one write and
+one wake-up of Redis less per batch. Redis answers the commands before the claim at once (the
+gateways have their replies) and the pipeline then waits for the claim, which blocks when
+the worker holds nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+
+from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
+from redis.exceptions import RedisError
+
+from naiad import keys, stats, telemetry
+from naiad.codec import QueuedRequest
+from workers.loader import VersionLoad, VersionLoader
+from workers.queue_reader import QueueReader
+
+logger = logging.getLogger(__name__)
+
+#: First and longest wait (seconds) before retrying after a Redis failure.
+REDIS_BACKOFF_S = (0.1, 2.0)
+
+#: A claim to send with the replies: ``(count, block_ms or None)`` (:meth:`QueueReader.read_on`).
+Claim = tuple[int, int | None]
+
+
+class ReplySender:
+    """The reply pipeline of one worker of ``model`` (module docstring)."""
+
+    def __init__(self, redis: Redis, model: str, queue: QueueReader, loader: VersionLoader):
+        self.redis, self.model, self.queue, self.loader = redis, model, queue, loader
+
+    async def send(
+        self, pairs: Sequence[tuple[QueuedRequest, bytes]], runs: Sequence[stats.Execution] = (),
+        claim: Claim | None = None,
+    ) -> tuple[list[QueuedRequest], float] | None:  # fmt: skip
+        """Answer each ``(request, encoded reply)`` and record ``runs``; with ``claim``, what
+        the claim sent last got and when it was sent (monotonic s), None without one or when it
+        failed (the next claim meets the failure).
+
+        A Redis failure is retried with backoff until the batch's latest deadline: the
+        gateway still waits on the same reply list, even on a restarted Redis. Past it, the
+        error propagates and the entries stay pending; the reclaim pass takes them again
+        (answered DeadlineExceeded by then). A pipeline cut midway may have pushed some
+        replies: the retry pushes them again and the gateway drops the second copy. A retry
+        carries neither the statistics nor the claim: the failed attempt may have counted
+        them (a timeout waiting for its claim, the process frozen past the socket timeout,
+        comes after Redis ran everything else), and counting twice is worse than not at all."""
+        give_up_at = max((queued.deadline for queued, _ in pairs), default=0.0)
+        backoff = REDIS_BACKOFF_S[0]
+        while True:
+            try:
+                return await self._send_once(pairs, runs, claim)
+            except RedisError as exc:
+                if time.time() + backoff > give_up_at:
+                    raise
+                logger.warning("reply not sent (%s); retrying in %.1f s", exc, backoff)
+                runs, claim = (), None
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, REDIS_BACKOFF_S[1])
+
+    async def _send_once(
+        self, pairs: Sequence[tuple[QueuedRequest, bytes]], runs: Sequence[stats.Execution],
+        claim: Claim | None,
+    ) -> tuple[list[QueuedRequest], float] | None:  # fmt: skip
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for run in runs:
+                stats.add_execution(pipe, self.model, run)
+            self.add_downloads(pipe)  # a version first asked for now, pulled lazily
+            by_list: dict[str, list[bytes]] = {}  # one element per gateway, replies in order
+            for queued, payload in pairs:
+                by_list.setdefault(queued.reply_to, []).append(payload)
+            for reply_to, payloads in by_list.items():
+                pipe.rpush(reply_to, b"".join(payloads))  # naiad.codec.decode_replies
+                pipe.expire(reply_to, keys.REPLY_TTL_S)
+            self.queue.acknowledge(pipe, [queued for queued, _ in pairs])
+            if claim is None:
+                await pipe.execute()
+                return None
+            sent = self.queue.read_on(pipe, *claim)
+            *results, reply = await pipe.execute(raise_on_error=False)
+        for result in results:
+            if isinstance(result, Exception):
+                raise result
+        if isinstance(reply, Exception):
+            logger.debug("claim sent with the replies failed: %s", reply)
+            return None
+        return await self.queue.claimed(reply, *claim, sent), sent
+
+    def add_downloads(self, pipe: Pipeline, loads: list[VersionLoad] | None = None) -> None:
+        """Queue the versions pulled from the repository and loaded since the last call
+        (``loads``: those already taken from the loader)."""
+        for pull in self.loader.take_pulls():
+            telemetry.add_download(pipe, self.model, pull.bytes, pull.seconds)
+        for load in self.loader.take_loads() if loads is None else loads:
+            telemetry.add_load(pipe, self.model, load.load_s)
