@@ -124,7 +124,7 @@ def _only_one_source(name: str, has_data: bool, has_binary: bool, has_shm: bool)
     given = [f for f, on in (("'data'", has_data), ("'binary_data_size'", has_binary),
                             ("'shared_memory_region'", has_shm)) if on]  # fmt: skip
     raise InvalidInput(
-        f"input '{name}': Input must set only one of the following fields: 'data', "
+        "Input must set only one of the following fields: 'data', "
         "'binary_data_size' in 'parameters', 'shared_memory_region' in 'parameters'. But "
         + (f"set {' '.join(given)}" if given else "no field is set")
     )

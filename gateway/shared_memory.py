@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from naiad.datatypes import from_bytes, to_bytes
+from naiad.datatypes import element_count, from_bytes, numpy_dtype, to_bytes
 from naiad.errors import AlreadyExists, InvalidInput, PayloadTooLarge, RegionNotFound, Unsupported
 from naiad.inference import InferRequest, InferResponse, SharedMemoryRef
 
@@ -263,6 +263,13 @@ def read_tensor(
     if shm is None:
         raise Unsupported(f"input '{name}': system shared memory is not available on this path")
     raw = shm.read(ref, name)
+    if datatype != "BYTES":
+        expected = element_count(shape) * numpy_dtype(datatype).itemsize
+        if len(raw) != expected:  # Triton's wording (core infer_request.cc)
+            raise InvalidInput(
+                f"input byte size mismatch for input '{name}' in shared memory region "
+                f"'{ref.region}'. Expected {expected}, got {len(raw)}"
+            )
     try:
         return from_bytes(raw, datatype, shape)
     except InvalidInput as exc:

@@ -164,7 +164,8 @@ def test_bad_regions_offsets_and_sizes_are_refused(module, http, grpc, regions, 
         (_shm_input(module, "bad", 4, offset=IN_BYTES), "Invalid offset for shared memory region: 'bad'"),
         (_shm_input(module, "bad", IN_BYTES, offset=4),
          "Invalid offset + byte size for shared memory region: 'bad'"),
-        (_shm_input(module, "bad", IN_BYTES - 4), "needs"),  # the shape's bytes, not the region's
+        (_shm_input(module, "bad", IN_BYTES - 4),  # the shape's bytes, not the region's
+         f"input byte size mismatch for input 'input' in shared memory region 'bad'. Expected {IN_BYTES}"),
     ]
     for tensor, message in cases:
         assert message in failure(lambda t=tensor: client.infer("digits", [t])).message()
