@@ -43,7 +43,7 @@ from naiad.inference import Tensor
 from naiad.redis_client import connect
 from naiad.settings import Settings
 from repository_store import ModelEntry, RepositoryStore
-from workers import batching, bls, load_failure, reclaim, request_level, scaling
+from workers import batching, bls, load_failure, rate_limiter, reclaim, request_level, scaling
 from workers.batcher import Batcher, BatchPolicy
 from workers.loader import VersionLoad, VersionLoader
 from workers.model import ModelRunner
@@ -101,6 +101,7 @@ class Worker:
         self._generation: bytes | None = None
         self._claimed_at: float | None = None  # monotonic: the next turn's claim went out with replies
         self._registered_raw: bytes | None = None  # the registry entry as last read
+        self.rate_limit: rate_limiter.RateLimiter | None = None  # --rate-limit execution_count
 
     async def run(self) -> int:
         self._marks["start"] = time.time()
@@ -133,6 +134,9 @@ class Worker:
                 self.queue.configure(queue_policy.priority_levels(registered.config))
                 await self.queue.ensure_groups()
             entry = await self.loader.start(registered)
+            self.rate_limit = await rate_limiter.for_worker(
+                self.settings, self.redis, self.worker_id, entry.config
+            )
         except NaiadError as exc:
             logger.error("model '%s' cannot be served: %s", self.model, exc.message)
             if tried is not None and load_failure.is_model_fault(exc):
@@ -454,7 +458,8 @@ class Worker:
         """Run one batch: encoded replies in ``group`` order, and its statistics if it ran."""
         try:
             runner = await self.loader.get(group[0].request.version)
-            return await self._run(runner, group)
+            async with rate_limiter.slot(self.rate_limit):  # Triton's rate limiter, machine-wide
+                return await self._run(runner, group)
         except NaiadError as exc:
             error = exc
         except Exception as exc:  # the backend's own errors reach the client with their text

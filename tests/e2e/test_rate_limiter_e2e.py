@@ -1,0 +1,105 @@
+"""Triton's rate limiter with real workers: two Python-backend models whose instance groups
+share resource ``R`` (1 copy on the machine) behind a real ``naiad serve``.
+
+Each model's ``execute`` marks itself running (a file), waits up to the request's seconds for
+the other model's mark, logs its start and end, and answers whether it saw the other one
+running. With ``--rate-limit execution_count`` the two never run at once; with
+``--rate-limit off`` (the default, as in Triton) they do."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from naiad_harness import run_server
+
+MODEL_PY = '''
+import json, os, time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        self.name = config["name"]
+        self.folder = config["parameters"]["marker_dir"]["string_value"]
+
+    def _others_running(self):
+        return any(f.endswith(".running") and f != self.name + ".running" for f in os.listdir(self.folder))
+
+    def execute(self, requests):
+        wait_s = float(pb_utils.get_input_tensor_by_name(requests[0], "WAIT_S").as_numpy()[0])
+        mine = os.path.join(self.folder, self.name + ".running")
+        open(mine, "w").close()
+        start, saw = time.time(), False
+        while time.time() < start + wait_s and not saw:
+            saw = self._others_running()
+            time.sleep(0.005)
+        end = time.time()
+        os.remove(mine)
+        with open(os.path.join(self.folder, "log"), "a") as log:
+            log.write(f"{self.name} {start} {end}\\n")
+        out = pb_utils.Tensor("SAW_OTHER", np.array([saw], dtype=np.bool_))
+        return [pb_utils.InferenceResponse([out]) for _ in requests]
+'''
+
+CONFIG = """name: "{name}"
+backend: "python"
+max_batch_size: 0
+input [ {{ name: "WAIT_S" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+output [ {{ name: "SAW_OTHER" data_type: TYPE_BOOL dims: [ 1 ] }} ]
+instance_group [ {{ kind: KIND_CPU count: 1 rate_limiter {{ resources [ {{ name: "R" count: 1 }} ] }} }} ]
+parameters {{ key: "marker_dir" value {{ string_value: "{markers}" }} }}
+"""
+
+
+def repository(root: Path) -> tuple[Path, Path]:
+    markers = root / "markers"
+    markers.mkdir(parents=True)
+    for name in ("first", "second"):
+        (root / "models" / name / "1").mkdir(parents=True)
+        (root / "models" / name / "config.pbtxt").write_text(CONFIG.format(name=name, markers=markers))
+        (root / "models" / name / "1" / "model.py").write_text(MODEL_PY)
+    return root / "models", markers
+
+
+def run_both(client: httpclient.InferenceServerClient, wait_s: float) -> dict[str, bool]:
+    """One request to each model at once (``async_infer``): whether each saw the other running."""
+    tensor = httpclient.InferInput("WAIT_S", [1], "FP32")
+    tensor.set_data_from_numpy(np.array([wait_s], np.float32))
+    calls = {model: client.async_infer(model, [tensor]) for model in ("first", "second")}
+    results = {model: call.get_result(timeout=120) for model, call in calls.items()}
+    return {model: bool(result.as_numpy("SAW_OTHER")[0]) for model, result in results.items()}
+
+
+def intervals(markers: Path) -> list[tuple[str, float, float]]:
+    rows = [line.split() for line in (markers / "log").read_text().splitlines()]
+    return [(name, float(start), float(end)) for name, start, end in rows]
+
+
+@pytest.mark.parametrize("mode", ["execution_count", "off"])
+def test_models_sharing_one_copy_never_run_at_once_unless_the_limiter_is_off(tmp_path, mode):
+    models, markers = repository(tmp_path)
+    args = ["--rate-limit", mode]
+    with run_server(models, tmp_path / "serve", extra_args=args) as server:
+        client = httpclient.InferenceServerClient(server.url, network_timeout=120, concurrency=2)
+        try:
+            assert run_both(client, 0.0) == {"first": False, "second": False}  # both workers warm
+            # Limited, each waits its whole 2 s alone; off, each sees the other at once.
+            saw = run_both(client, 2.0 if mode == "execution_count" else 60.0)
+        finally:
+            client.close()
+        log = server.log()
+    if mode == "execution_count":
+        assert saw == {"first": False, "second": False}
+        runs = sorted(intervals(markers), key=lambda run: run[1])
+        assert len(runs) == 4
+        for (_, _, end), (_, start, _) in zip(runs, runs[1:], strict=False):
+            assert end <= start, f"two batches overlapped: {runs}"
+        assert log.count("0/R x1 of 1, priority 1") == 2, log  # each worker, pooled or bare
+    else:
+        assert saw == {"first": True, "second": True}
+        assert "rate limited on" not in log
