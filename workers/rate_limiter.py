@@ -18,8 +18,8 @@ name (:mod:`naiad.keys`, ``rate_limit_*``), changed only by the Lua scripts belo
 or giving back several resources is one atomic step. Workers are separate processes, maybe
 separate pods (``--rate-limit-host``: the node), so an in-process lock cannot do it, and file
 locks or semaphores give neither several resources at once, nor priorities, nor a count
-across pods. Holders and waiters keep a lease (:data:`LEASE_MS`) renewed every
-:data:`RENEW_S`; a worker killed while holding copies frees them when its lease passes. A
+across pods. Holders and waiters keep a lease (:data:`LEASE_MS`) renewed five times per
+lease; a worker killed while holding copies frees them when its lease passes. A
 waiter blocks on its own wake list (BLPOP), which the script that grants it pushes to.
 """
 
@@ -45,8 +45,8 @@ logger = logging.getLogger(__name__)
 
 #: A holder's or waiter's lease, in ms; a worker that stops renewing loses its copies after it.
 LEASE_MS = 5000
-#: Seconds between renewals (and a waiter's longest BLPOP before it looks again).
-RENEW_S = 1.0
+#: Renewals per lease: a holder renews (and a waiter looks again) every lease / this.
+RENEWALS_PER_LEASE = 5
 GLOBAL = "global"
 
 _COMMON_LUA = """
@@ -266,6 +266,7 @@ class RateLimiter:
     ):  # fmt: skip
         self.redis, self.host, self.worker_id = redis, host, worker_id
         self.priority, self.lease_ms = priority, lease_ms
+        self.renew_s = lease_ms / 1000 / RENEWALS_PER_LEASE
         self.executions = 0  # batches run so far: Triton's exec_count
         self._needs = json.dumps([[n.resource, n.count, n.capacity] for n in wanted])
         self._keys = [keys.rate_limit_used(host), keys.rate_limit_holders(host), keys.rate_limit_leases(host),
@@ -281,7 +282,7 @@ class RateLimiter:
         score = self.executions * self.priority
         args = [self.worker_id, self._wake_prefix, self.lease_ms, score, self._needs]
         while not await self._acquire(keys=self._keys, args=args):
-            await self.redis.blpop([self._wake_prefix + self.worker_id], timeout=RENEW_S)
+            await self.redis.blpop([self._wake_prefix + self.worker_id], timeout=self.renew_s)
 
     async def release(self) -> None:
         """Give the copies (or the place in line) back and let the next in line have them."""
@@ -289,7 +290,7 @@ class RateLimiter:
 
     async def _keep(self) -> None:
         while True:
-            await asyncio.sleep(RENEW_S)
+            await asyncio.sleep(self.renew_s)
             if not await self._renew(keys=[self._keys[2]], args=[self.worker_id, self.lease_ms]):
                 logger.warning("rate limiter lease of worker %s lapsed while it ran a batch", self.worker_id)
 

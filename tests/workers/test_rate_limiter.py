@@ -180,3 +180,29 @@ def test_a_waiter_that_is_cancelled_leaves_the_line(redis_url):
         assert await redis.hlen(keys.rate_limit_holders(HOST)) == 0
 
     run_scenario(redis_url, scenario)
+
+
+def test_a_holder_keeps_its_copies_past_its_lease_while_it_renews(redis_url):
+    async def scenario(redis: Redis) -> None:
+        holder = limiter(redis, "holder", ONE, lease_ms=300)
+        other = limiter(redis, "other", ONE, lease_ms=300)
+        released = asyncio.Event()
+
+        async def hold() -> None:
+            async with holder.slot():
+                await waiting(redis, 1)
+                for _ in range(6):  # six leases long, with the other in line all along
+                    await asyncio.sleep(0.3)
+                    assert await redis.hkeys(keys.rate_limit_holders(HOST)) == [b"holder"]
+                released.set()
+
+        holding = asyncio.create_task(hold())
+        await asyncio.sleep(0)
+        while not await redis.hexists(keys.rate_limit_holders(HOST), "holder"):
+            await asyncio.sleep(0.01)
+        await asyncio.wait_for(other.acquire(), 10)
+        assert released.is_set()
+        await holding
+        await other.release()
+
+    run_scenario(redis_url, scenario)
