@@ -2,9 +2,10 @@
 share resource ``R`` (1 copy on the machine) behind a real ``naiad serve``.
 
 Each model's ``execute`` marks itself running (a file), waits up to the request's seconds for
-the other model's mark, logs its start and end, and answers whether it saw the other one
-running. With ``--rate-limit execution_count`` the two never run at once; with
-``--rate-limit off`` (the default, as in Triton) they do."""
+the other model's mark (a negative wait: while the test's ``hold`` file exists), logs its
+start and end, and answers whether it saw the other one running. With ``--rate-limit
+execution_count`` the two never run at once; with ``--rate-limit off`` (the default, as in
+Triton) they do."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-from naiad_harness import run_server
+from naiad_harness import run_server, wait_for
+from tritonclient.utils import InferenceServerException
 
 MODEL_PY = '''
 import json, os, time
@@ -35,6 +37,9 @@ class TritonPythonModel:
         mine = os.path.join(self.folder, self.name + ".running")
         open(mine, "w").close()
         start, saw = time.time(), False
+        hold = os.path.join(self.folder, "hold")
+        while wait_s < 0 and os.path.exists(hold) and time.time() < start + 120:  # held by the test
+            time.sleep(0.005)
         while time.time() < start + wait_s and not saw:
             saw = self._others_running()
             time.sleep(0.005)
@@ -103,3 +108,28 @@ def test_models_sharing_one_copy_never_run_at_once_unless_the_limiter_is_off(tmp
     else:
         assert saw == {"first": True, "second": True}
         assert "rate limited on" not in log
+
+
+def test_a_worker_killed_holding_the_copy_frees_it_after_its_lease(tmp_path):
+    models, markers = repository(tmp_path)
+    with run_server(models, tmp_path / "serve", extra_args=["--rate-limit", "execution_count"]) as server:
+        client = httpclient.InferenceServerClient(server.url, network_timeout=120, concurrency=2)
+        try:
+            run_both(client, 0.0)
+            (markers / "hold").touch()
+            tensor = httpclient.InferInput("WAIT_S", [1], "FP32")
+            tensor.set_data_from_numpy(np.array([-1.0], np.float32))
+            held = client.async_infer("first", [tensor], timeout=5_000_000)  # µs
+            wait_for(lambda: (markers / "first.running").exists(), 60, "first to run, holding R")
+            [worker] = server.worker_processes("first")
+            worker.kill()  # SIGKILL: no release; its lease (5 s) must give R back
+            worker.wait(30)
+            (markers / "hold").unlink()
+            (markers / "first.running").unlink()  # the dead process's mark
+            tensor.set_data_from_numpy(np.array([0.0], np.float32))
+            assert client.infer("second", [tensor]).as_numpy("SAW_OTHER")[0] == np.False_
+            with pytest.raises(InferenceServerException):  # past its 5 s timeout, or lost with its worker
+                held.get_result(timeout=120)
+        finally:
+            client.close()
+    assert [name for name, _, _ in intervals(markers)][-1] == "second"
