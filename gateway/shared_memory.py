@@ -193,7 +193,10 @@ class SystemSharedMemory:
                 f"server's limit of {self.max_read_bytes} bytes per request"
             )
         region, start = self._span(ref)
-        return region.memory[start : start + ref.byte_size]
+        try:
+            return region.memory[start : start + ref.byte_size]
+        except ValueError:  # unregistered meanwhile (a large body is parsed off the event loop)
+            raise RegionNotFound(f"Unable to find shared memory region: '{ref.region}'") from None
 
     def check(self, ref: SharedMemoryRef) -> None:
         """Raise as :meth:`read` would when ``ref`` is not a valid span (an output's region
