@@ -3,14 +3,21 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import numpy as np
 import pytest
 import tritonclient.utils.shared_memory as shm
+from fuzzing import fuzz_settings
+from hypothesis import given
+from hypothesis import strategies as st
+from tritonclient.grpc import service_pb2 as pb
 
+from gateway.grpc_codec import from_infer_request, to_parameters
+from gateway.http_codec import parse_infer_request
 from gateway.shared_memory import SystemSharedMemory, read_tensor, shared_memory_ref
-from naiad.errors import AlreadyExists, InvalidInput, PayloadTooLarge, RegionNotFound, Unsupported
+from naiad.errors import AlreadyExists, InvalidInput, NaiadError, PayloadTooLarge, RegionNotFound, Unsupported
 from naiad.inference import InferRequest, InferResponse, RequestedOutput, SharedMemoryRef, Tensor
 
 
@@ -117,3 +124,58 @@ def test_tensor_parameters_name_a_span():
     assert shared_memory_ref({}, "x") is None
     params = {"shared_memory_region": "r", "shared_memory_byte_size": 4, "shared_memory_offset": 8}
     assert shared_memory_ref(params, "x") == SharedMemoryRef("r", 4, 8)
+
+
+# --- fuzzing both codecs' shared memory parameters (bounded; see tests/fuzzing.py) ---------
+
+PARAM = (
+    st.none() | st.booleans() | st.integers(-(2**65), 2**65) | st.floats(allow_nan=False)
+    | st.sampled_from(["r", "gone", ""]) | st.integers(0, 300) | st.lists(st.integers(0, 3), max_size=2)
+)  # fmt: skip
+NAMES = ["shared_memory_region", "shared_memory_byte_size", "shared_memory_offset", "binary_data",
+         "classification", "binary_data_size"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def fuzz_manager():
+    key = f"/naiad_fuzz_{uuid.uuid4().hex[:12]}"
+    handle = shm.create_shared_memory_region("fuzz", key, 256)
+    manager = SystemSharedMemory(max_read_bytes=128)
+    manager.register("r", key, 0, 256)
+    yield manager
+    manager.close()
+    shm.destroy_shared_memory_region(handle)
+
+
+@fuzz_settings(300)
+@given(inputs=st.dictionaries(st.sampled_from(NAMES), PARAM, max_size=4),
+       outputs=st.dictionaries(st.sampled_from(NAMES), PARAM, max_size=4), data=st.booleans())  # fmt: skip
+def test_any_shared_memory_parameters_parse_or_fail_cleanly(fuzz_manager, inputs, outputs, data):
+    """HTTP and gRPC: an InferRequest whose input has its shape's bytes, or a NaiadError."""
+    spec = {"name": "x", "datatype": "FP32", "shape": [4], "parameters": inputs}
+    if data:
+        spec["data"] = [1.0, 2.0, 3.0, 4.0]
+    body = json.dumps({"inputs": [spec], "outputs": [{"name": "y", "parameters": outputs}]}).encode()
+    try:
+        request = parse_infer_request(body, None, "m", 1, fuzz_manager)
+        assert request.inputs[0].data.shape == (4,)
+        with fuzz_manager.hold(request):
+            pass
+    except NaiadError:
+        pass
+    message = pb.ModelInferRequest(model_name="m")
+    tensor = message.inputs.add(name="x", datatype="FP32", shape=[4])
+    requested = message.outputs.add(name="y")
+    try:
+        for target, params in ((tensor.parameters, inputs), (requested.parameters, outputs)):
+            for key, value in params.items():
+                target[key].CopyFrom(to_parameters({key: value})[key])
+    except (TypeError, ValueError):
+        return  # no InferParameter holds it: nothing a client can send
+    if data:
+        message.raw_input_contents.append(np.arange(4, dtype=np.float32).tobytes())
+    try:
+        request = from_infer_request(message, "m", 1, fuzz_manager)
+        assert request.inputs[0].data.shape == (4,)
+    except NaiadError:
+        pass
