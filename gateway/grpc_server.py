@@ -206,6 +206,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     def __init__(self, dataplane: DataPlane):
         self._dp = dataplane
+        # Inputs read from shared memory are bounded as a gRPC message is, not as an HTTP body.
+        self._shm = dataplane.shared_memory.bounded(MAX_MESSAGE_BYTES)
 
     async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=self._dp.live())
@@ -262,7 +264,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     ) -> pb.ModelInferResponse:
         with self._dp.admit():  # the gateway's in-flight bound (UNAVAILABLE when full)
             entry, version = await self._dp.resolve(request.model_name, request.model_version)
-            infer_request = from_infer_request(request, entry.name, version, self._dp.shared_memory)
+            infer_request = from_infer_request(request, entry.name, version, self._shm)
             infer_request.parameters = bounded_timeout(
                 infer_request.parameters, context.time_remaining(), self._dp.request_timeout_s
             )

@@ -124,12 +124,20 @@ class _Region:
 class SystemSharedMemory:
     """The regions registered with this gateway process (Triton's ``SharedMemoryManager``
     for ``TRITONSERVER_MEMORY_CPU``). ``max_read_bytes`` bounds one input read from a
-    region (the gateway's request body limit), so a region is no way around it."""
+    region (the transport's message limit: the HTTP body limit, or gRPC's through
+    :meth:`bounded`), so a region is no way around it."""
 
     def __init__(self, max_read_bytes: int, max_regions: int = MAX_REGIONS):
         self.max_read_bytes = max_read_bytes
         self.max_regions = max_regions
         self._regions: dict[str, _Region] = {}
+
+    def bounded(self, max_read_bytes: int) -> SystemSharedMemory:
+        """The same regions, reads bounded by ``max_read_bytes`` (another transport's
+        message limit: the gRPC adapter's view allows what a gRPC message may carry)."""
+        view = SystemSharedMemory(max_read_bytes, self.max_regions)
+        view._regions = self._regions
+        return view
 
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         """Map ``byte_size`` bytes at ``offset`` of object ``key`` as region ``name``.
@@ -190,7 +198,7 @@ class SystemSharedMemory:
         if ref.byte_size > self.max_read_bytes:
             raise PayloadTooLarge(
                 f"input '{tensor}': {ref.byte_size} bytes of shared memory exceed the "
-                f"server's limit of {self.max_read_bytes} bytes per request"
+                f"server's limit of {self.max_read_bytes} bytes per request message"
             )
         region, start = self._span(ref)
         try:

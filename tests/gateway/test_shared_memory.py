@@ -92,6 +92,7 @@ def test_reads_are_bounded_and_checked(segment):
     manager.register("r", key, 0, 8192)
     with pytest.raises(PayloadTooLarge, match="1024 bytes per request"):
         manager.read(SharedMemoryRef("r", 2048), "x")
+    assert len(manager.bounded(4096).read(SharedMemoryRef("r", 2048), "x")) == 2048  # gRPC's view
     with pytest.raises(InvalidInput, match="Invalid offset for shared memory region: 'r'"):
         manager.read(SharedMemoryRef("r", 4, offset=8192), "x")
     with pytest.raises(InvalidInput, match="Invalid offset \\+ byte size for shared memory region: 'r'"):
