@@ -133,3 +133,22 @@ def test_a_worker_killed_holding_the_copy_frees_it_after_its_lease(tmp_path):
         finally:
             client.close()
     assert [name for name, _, _ in intervals(markers)][-1] == "second"
+
+
+def test_a_count_below_the_groups_need_makes_the_model_unavailable_with_tritons_reason(tmp_path):
+    models, _ = repository(tmp_path)
+    args = ["--rate-limit", "execution_count", "--rate-limit-resource", "R:0"]
+    with run_server(models, tmp_path / "serve", extra_args=args) as server:
+        client = httpclient.InferenceServerClient(server.url, network_timeout=120)
+        try:
+            tensor = httpclient.InferInput("WAIT_S", [1], "FP32")
+            tensor.set_data_from_numpy(np.array([0.0], np.float32))
+            with pytest.raises(InferenceServerException) as failed:
+                client.infer("first", [tensor])
+            reason = 'Resource count for "R" is limited to 0 which will prevent scheduling'
+            assert reason in failed.value.message()
+            index = {m["name"]: m for m in client.get_model_repository_index()}
+            assert index["first"]["state"] == "UNAVAILABLE" and reason in index["first"]["reason"]
+            assert not client.is_model_ready("first")
+        finally:
+            client.close()
