@@ -16,6 +16,7 @@ import pytest
 import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+import tritonclient.utils as tritonclient_utils
 import tritonclient.utils.shared_memory as shm
 from naiad_harness import run_server
 from tritonclient.utils import InferenceServerException
@@ -32,6 +33,7 @@ def repository(example_repository: Path, tmp_path_factory: pytest.TempPathFactor
     config = root / "cached" / "config.pbtxt"
     text = config.read_text().replace('name: "digits"', 'name: "cached"')
     config.write_text(text + "response_cache { enable: true }\n")
+    shutil.copytree(Path(__file__).parent / "python_models" / "strings", root / "strings")
     return root
 
 
@@ -270,4 +272,25 @@ def test_cached_answers_still_fill_the_output_region(module, serve, http, grpc, 
     assert first.sum() > 0
     stats = http.get_inference_statistics("cached")["model_stats"][0]["inference_stats"]
     assert int(stats["cache_hit"]["count"]) >= 1
+    client.unregister_system_shared_memory(name)
+
+
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_bytes_tensors_through_regions(module, http, grpc, regions):
+    """BYTES in and out: 4-byte length-prefixed elements, as tritonclient serialises them."""
+    client = http if module is httpclient else grpc
+    text = np.array(["naiad", "shm", ""], dtype=np.object_)
+    raw = tritonclient_utils.serialize_byte_tensor(text)
+    name = f"b_{module.__name__.split('.')[-1]}"
+    key, handle = regions(name, 4096)
+    shm.set_shared_memory_region(handle, [raw])  # as Triton's simple_http_shm_string_client.py
+    client.register_system_shared_memory(name, key, 4096)
+    tensor = module.InferInput("TEXT", [3], "BYTES")
+    tensor.set_shared_memory(name, tritonclient_utils.serialized_byte_size(raw))
+    upper = module.InferRequestedOutput("UPPER")
+    upper.set_shared_memory(name, 1024, offset=2048)
+    result = client.infer("strings", [tensor], outputs=[upper, module.InferRequestedOutput("LENGTH")])
+    np.testing.assert_array_equal(result.as_numpy("LENGTH"), [5, 3, 0])
+    got = shm.get_contents_as_numpy(handle, np.object_, [3], offset=2048)
+    assert [bytes(item) for item in got] == [b"NAIAD", b"SHM", b""]
     client.unregister_system_shared_memory(name)
