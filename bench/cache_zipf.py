@@ -58,6 +58,12 @@ def build_repository(source: Path | None, workdir: Path) -> Path:
 
 def start_server(repo: Path, workdir: Path) -> tuple[subprocess.Popen, int]:
     """``naiad serve`` on free ports; returns the process and its HTTP port once ready."""
+    process, http, _ = start_serve(repo, workdir)
+    return process, http
+
+
+def start_serve(repo: Path, workdir: Path) -> tuple[subprocess.Popen, int, int]:
+    """``naiad serve`` on free ports; the process, its HTTP and gRPC ports once ready."""
     http, grpc, metrics = free_port(), free_port(), free_port()
     args = [sys.executable, "-m", "naiad.cli", "serve", "--model-repository", str(repo),
             "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
@@ -68,7 +74,7 @@ def start_server(repo: Path, workdir: Path) -> tuple[subprocess.Popen, int]:
     while time.monotonic() < deadline:
         try:
             if requests.get(f"http://127.0.0.1:{http}/v2/health/ready", timeout=1).ok:
-                return process, http
+                return process, http, grpc
         except requests.ConnectionError:
             time.sleep(0.1)
     process.kill()

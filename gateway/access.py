@@ -69,6 +69,14 @@ HTTP_GROUPS: dict[str, str] = {
     "/v2/repository/models/{model}/unload": MODEL_REPOSITORY,
     "/metrics": METRICS,
 }
+for _shm in ("/v2/systemsharedmemory", "/v2/cudasharedmemory"):
+    HTTP_GROUPS |= {
+        _shm + "/status": SHARED_MEMORY,
+        _shm + "/unregister": SHARED_MEMORY,
+        _shm + "/region/{region}/status": SHARED_MEMORY,
+        _shm + "/region/{region}/register": SHARED_MEMORY,
+        _shm + "/region/{region}/unregister": SHARED_MEMORY,
+    }
 for _base in (_MODEL, _VERSION):
     HTTP_GROUPS |= {
         _base: METADATA,

@@ -25,6 +25,7 @@ from gateway.dispatcher import QueueDispatcher
 from gateway.ensemble import EnsembleScheduler
 from gateway.registry import ModelRegistry
 from gateway.response_cache import CacheTrace, ResponseCache
+from gateway.shared_memory import SystemSharedMemory
 from gateway.validation import client_shape, validate_request, wire_datatype
 from naiad import __version__, logs, queue_policy, stats, tracing
 from naiad.errors import (
@@ -47,7 +48,13 @@ from repository_store.ensemble import is_ensemble
 logger = logging.getLogger(__name__)
 
 #: Extensions of the v2 protocol this server implements (GET /v2 lists exactly these).
-EXTENSIONS = ["classification", "binary_tensor_data", "model_configuration", "statistics", "model_repository"]
+EXTENSIONS = [
+    "classification", "binary_tensor_data", "model_configuration", "statistics", "model_repository",
+    "system_shared_memory",
+]  # fmt: skip
+
+#: Largest input read from one shared memory region when the server sets no limit, in bytes.
+MAX_SHM_READ_BYTES = 2**31 - 1
 
 #: Triton's platform string per normalised backend name (model metadata's ``platform``).
 PLATFORMS = {
@@ -88,6 +95,7 @@ class DataPlane:
         cache: ResponseCache | None = None,
         max_queue_size: int = 1000,
         max_inflight: int = 4096,
+        shared_memory: SystemSharedMemory | None = None,
     ):
         self.max_queue_size = max_queue_size  # per model, unless its config sets one
         self.max_inflight = max_inflight
@@ -100,6 +108,8 @@ class DataPlane:
         self.model_control_mode = model_control_mode
         self.ensembles = EnsembleScheduler(self.resolve, self._serve, redis)  # steps: _serve
         self.stats_writer = StatsWriter(redis)
+        # Triton's system shared memory regions, registered with this gateway process.
+        self.shared_memory = shared_memory or SystemSharedMemory(MAX_SHM_READ_BYTES)
 
     @contextlib.contextmanager
     def admit(self) -> Iterator[None]:
@@ -257,7 +267,9 @@ class DataPlane:
         with logs.request_context(request_id, request.model, request.version), \
                 tracing.span("naiad.infer", attributes, kind="server"):
             try:
-                response = await self._infer(request)
+                with self.shared_memory.hold(request):  # output regions: checked, kept
+                    response = await self._infer(request)
+                    self.shared_memory.write_outputs(request, response)  # cache hits too
             except Exception as exc:
                 logger.debug("infer failed: %s", exc)
                 raise

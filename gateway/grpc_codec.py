@@ -5,7 +5,8 @@ rules follow the KServe v2 gRPC protocol ("Tensor Data") and Triton's ``grpc_uti
 
 - An input's data comes either from its typed ``contents`` or from ``raw_input_contents``
   (one entry per input, in input order); a request that uses raw data uses it for every input
-  and no typed ``contents`` at all.
+  and no typed ``contents`` at all. An input naming a ``shared_memory_region`` (Triton's
+  shared memory extension) has neither and takes no ``raw_input_contents`` entry.
 - Typed fields per datatype: INT8/INT16/INT32 in ``int_contents``, UINT8/UINT16/UINT32 in
   ``uint_contents``, INT64/UINT64/BOOL/FP32/FP64/BYTES in their own fields; FP16 and BF16
   have no typed field and travel only as raw bytes.
@@ -22,9 +23,10 @@ import numpy as np
 from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 
+from gateway.shared_memory import SystemSharedMemory, read_tensor, shared_memory_ref
 from naiad.datatypes import element_count, from_bytes, numpy_dtype, to_bytes
 from naiad.errors import InvalidInput
-from naiad.inference import InferRequest, InferResponse, RequestedOutput, Tensor
+from naiad.inference import InferRequest, InferResponse, RequestedOutput, SharedMemoryRef, Tensor
 
 #: v2 datatype -> the ``InferTensorContents`` field that carries it (FP16/BF16: none).
 CONTENTS_FIELDS = {
@@ -166,23 +168,49 @@ def _requested_output(spec: pb.ModelInferRequest.InferRequestedOutputTensor) -> 
     class_count = params.get("classification", 0)
     if not isinstance(class_count, int) or isinstance(class_count, bool) or class_count < 0:
         raise InvalidInput(f"output '{spec.name}': classification must be a non-negative integer")
-    return RequestedOutput(spec.name, None, class_count)
+    region = shared_memory_ref(params, spec.name)
+    if region is not None and class_count:
+        raise InvalidInput("output can't set both 'shared_memory_region' and 'classification'")
+    return RequestedOutput(spec.name, None, class_count, region)
 
 
-def from_infer_request(request: pb.ModelInferRequest, model: str, version: int) -> InferRequest:
-    """Build an :class:`InferRequest` for ``model`` ``version`` (already resolved).
+def _region_input(
+    spec: pb.ModelInferRequest.InferInputTensor, region: SharedMemoryRef, shm: SystemSharedMemory | None
+) -> Tensor:
+    if spec.HasField("contents"):
+        raise InvalidInput(
+            f"unexpected 'content' provided when using shared memory for input tensor '{spec.name}'"
+        )
+    shape = _shape(spec.name, spec.shape)
+    numpy_dtype(spec.datatype)
+    return Tensor(spec.name, spec.datatype, shape, read_tensor(shm, region, spec.name, spec.datatype, shape))
+
+
+def from_infer_request(
+    request: pb.ModelInferRequest, model: str, version: int, shm: SystemSharedMemory | None = None
+) -> InferRequest:
+    """Build an :class:`InferRequest` for ``model`` ``version`` (already resolved); inputs
+    naming a ``shared_memory_region`` are read from ``shm`` and take no raw_input_contents.
 
     Raises :class:`InvalidInput` for no inputs, a raw/typed mix, a ``raw_input_contents``
-    count other than the input count, and data that does not fit its shape and datatype.
+    count other than the count of inputs not in shared memory, and data that does not fit
+    its shape and datatype.
     """
     if not request.inputs:
         raise InvalidInput("the request must have at least one input")
-    raws: list[bytes | None] = list(request.raw_input_contents) or [None] * len(request.inputs)
-    if len(raws) != len(request.inputs):
+    regions = [shared_memory_ref(from_parameters(spec.parameters), spec.name) for spec in request.inputs]
+    plain = sum(region is None for region in regions)
+    raw_list = list(request.raw_input_contents)
+    if raw_list and len(raw_list) != plain:
         raise InvalidInput(
-            f"expected {len(request.inputs)} raw_input_contents (one per input), got {len(raws)}"
+            f"expected {plain} raw_input_contents (one per input not in shared memory), got {len(raw_list)}"
         )
-    inputs = [_input(spec, raw) for spec, raw in zip(request.inputs, raws, strict=True)]
+    raws = iter(raw_list)
+    inputs = [
+        _region_input(spec, region, shm) if region is not None
+        else _input(spec, next(raws) if raw_list else None)
+        for spec, region in zip(request.inputs, regions, strict=True)
+    ]  # fmt: skip
     outputs = [_requested_output(spec) for spec in request.outputs]
     parameters = from_parameters(request.parameters)
     return InferRequest(model, version, inputs, outputs, request.id, parameters)
@@ -211,8 +239,12 @@ def to_infer_request(request: InferRequest, raw: bool = True) -> pb.ModelInferRe
 # --- inference responses ----------------------------------------------------------------
 
 
-def to_infer_response(response: InferResponse) -> pb.ModelInferResponse:
-    """The message for ``response``; every output's bytes in ``raw_output_contents``."""
+def to_infer_response(
+    response: InferResponse, in_regions: frozenset[str] = frozenset()
+) -> pb.ModelInferResponse:
+    """The message for ``response``; every output's bytes in ``raw_output_contents``, empty
+    for the outputs named in ``in_regions`` (written to shared memory; Triton sends one
+    ``raw_output_contents`` per output all the same)."""
     message = pb.ModelInferResponse(
         model_name=response.model,
         model_version=str(response.version),
@@ -221,7 +253,8 @@ def to_infer_response(response: InferResponse) -> pb.ModelInferResponse:
     )
     for tensor in response.outputs:
         message.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
-        message.raw_output_contents.append(to_bytes(tensor.data, tensor.datatype))
+        in_region = tensor.name in in_regions
+        message.raw_output_contents.append(b"" if in_region else to_bytes(tensor.data, tensor.datatype))
     return message
 
 
@@ -280,6 +313,13 @@ def to_repository_index(index: list[Mapping[str, str]]) -> pb.RepositoryIndexRes
     """``DataPlane.repository_index()`` as its message (``version`` absent stays empty)."""
     return pb.RepositoryIndexResponse(
         models=[pb.RepositoryIndexResponse.ModelIndex(**item) for item in index]
+    )
+
+
+def to_shared_memory_status(regions: list[Mapping[str, Any]]) -> pb.SystemSharedMemoryStatusResponse:
+    """``SystemSharedMemory.status()`` as its message: ``regions`` keyed by name."""
+    return pb.SystemSharedMemoryStatusResponse(
+        regions={item["name"]: pb.SystemSharedMemoryStatusResponse.RegionStatus(**item) for item in regions}
     )
 
 

@@ -31,7 +31,9 @@ from gateway.grpc_codec import (
     to_model_statistics,
     to_repository_index,
     to_server_metadata,
+    to_shared_memory_status,
 )
+from gateway.shared_memory import shared_memory_outputs, unsupported_cuda
 from naiad.errors import GRPC_CODES, InvalidInput, ModelNotFound, Unauthenticated, Unsupported, as_naiad_error
 
 logger = logging.getLogger(__name__)
@@ -204,6 +206,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     def __init__(self, dataplane: DataPlane):
         self._dp = dataplane
+        # Inputs read from shared memory are bounded as a gRPC message is, not as an HTTP body.
+        self._shm = dataplane.shared_memory.bounded(MAX_MESSAGE_BYTES)
 
     async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=self._dp.live())
@@ -260,11 +264,12 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     ) -> pb.ModelInferResponse:
         with self._dp.admit():  # the gateway's in-flight bound (UNAVAILABLE when full)
             entry, version = await self._dp.resolve(request.model_name, request.model_version)
-            infer_request = from_infer_request(request, entry.name, version)
+            infer_request = from_infer_request(request, entry.name, version, self._shm)
             infer_request.parameters = bounded_timeout(
                 infer_request.parameters, context.time_remaining(), self._dp.request_timeout_s
             )
-            return to_infer_response(await self._dp.infer(infer_request))
+            response = await self._dp.infer(infer_request)
+            return to_infer_response(response, shared_memory_outputs(infer_request))
 
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: grpc.aio.ServicerContext
@@ -295,12 +300,28 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             )
             return pb.ModelStreamInferResponse(error_message=message, infer_response=echo)
 
-    SystemSharedMemoryStatus = _unsupported("the system shared memory extension")
-    SystemSharedMemoryRegister = _unsupported("the system shared memory extension")
-    SystemSharedMemoryUnregister = _unsupported("the system shared memory extension")
-    CudaSharedMemoryStatus = _unsupported("the CUDA shared memory extension")
-    CudaSharedMemoryRegister = _unsupported("the CUDA shared memory extension")
-    CudaSharedMemoryUnregister = _unsupported("the CUDA shared memory extension")
+    async def SystemSharedMemoryStatus(
+        self, request: pb.SystemSharedMemoryStatusRequest, context: Any
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        return to_shared_memory_status(self._dp.shared_memory.status(request.name))
+
+    async def SystemSharedMemoryRegister(
+        self, request: pb.SystemSharedMemoryRegisterRequest, context: Any
+    ) -> pb.SystemSharedMemoryRegisterResponse:
+        self._dp.shared_memory.register(request.name, request.key, request.offset, request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    async def SystemSharedMemoryUnregister(
+        self, request: pb.SystemSharedMemoryUnregisterRequest, context: Any
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
+        self._dp.shared_memory.unregister(request.name)  # no name: every region
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        raise unsupported_cuda()
+
+    CudaSharedMemoryRegister = CudaSharedMemoryStatus
+    CudaSharedMemoryUnregister = CudaSharedMemoryStatus
     TraceSetting = _unsupported("the trace extension")
     LogSettings = _unsupported("the logging extension")
 

@@ -28,6 +28,7 @@ from gateway.access import HTTP_GROUPS, AccessPolicy
 from gateway.dataplane import DataPlane
 from gateway.http_codec import HEADER_LENGTH, parse_infer_request, render_infer_response
 from gateway.http_encoding import COMPRESS_MIN_BYTES, accepted_coding, compress, decode_body
+from gateway.shared_memory import unsupported_cuda
 from gateway.status_page import render_page
 from naiad.errors import InvalidInput, Unavailable, as_naiad_error
 from naiad.status import status_snapshot
@@ -169,7 +170,8 @@ async def _infer(request: web.Request) -> web.Response:
     entry, version = await dp.resolve(*_model(request))
     body = await read_body(request)
     infer_request = await _off_loop(
-        len(body), parse_infer_request, body, _header_length(request), entry.name, version
+        len(body), parse_infer_request, body, _header_length(request), entry.name, version,
+        dp.shared_memory,
     )
     response = await dp.infer(infer_request)
     payload, headers = render_infer_response(response, infer_request)
@@ -226,6 +228,47 @@ async def repository_unload(request: web.Request) -> web.Response:
     return web.Response(status=200)
 
 
+def _register_field(body: dict[str, Any], name: str, required: bool) -> int:
+    if name not in body:
+        if required:
+            raise InvalidInput(f"Shared memory register request has no '{name}' field")
+        return 0
+    value = body[name]
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**63:
+        raise InvalidInput(f"Shared memory register request: '{name}' must be a non-negative integer")
+    return value
+
+
+async def shm_register(request: web.Request) -> web.Response:
+    """``POST /v2/systemsharedmemory/region/{region}/register`` with ``{key, offset,
+    byte_size}`` (Triton's shared memory extension)."""
+    body = await _json_object(request)
+    if "key" not in body:
+        raise InvalidInput("Shared memory register request has no 'key' field")
+    if not isinstance(body["key"], str):
+        raise InvalidInput("Shared memory register request: 'key' must be a string")
+    byte_size = _register_field(body, "byte_size", required=True)
+    offset = _register_field(body, "offset", required=False)
+    _dp(request).shared_memory.register(request.match_info["region"], body["key"], offset, byte_size)
+    return web.Response(status=200)
+
+
+async def shm_unregister(request: web.Request) -> web.Response:
+    """``POST /v2/systemsharedmemory[/region/{region}]/unregister``: one region, or all."""
+    _dp(request).shared_memory.unregister(request.match_info.get("region", ""))
+    return web.Response(status=200)
+
+
+async def shm_status(request: web.Request) -> web.Response:
+    """``GET /v2/systemsharedmemory[/region/{region}]/status``: ``[{name, key, offset, byte_size}]``."""
+    return web.json_response(_dp(request).shared_memory.status(request.match_info.get("region", "")))
+
+
+async def cuda_shm(request: web.Request) -> web.Response:
+    """Every ``/v2/cudasharedmemory/...`` endpoint: 501, CUDA shared memory is not supported."""
+    raise unsupported_cuda()
+
+
 async def status_page(request: web.Request) -> web.Response:
     """``GET /``: the read-only HTML status page (:mod:`gateway.status_page`)."""
     try:
@@ -261,6 +304,19 @@ def _routes() -> list[web.RouteDef]:
         web.post("/v2/repository/models/{model}/load", repository_load),
         web.post("/v2/repository/models/{model}/unload", repository_unload),
     ]
+    shared_memory = (
+        ("/v2/systemsharedmemory", shm_status, shm_register, shm_unregister),
+        ("/v2/cudasharedmemory", cuda_shm, cuda_shm, cuda_shm),  # all 501
+    )
+    for prefix, status, register, unregister in shared_memory:
+        region = prefix + "/region/{region}"
+        routes += [
+            web.get(prefix + "/status", status),
+            web.get(region + "/status", status),
+            web.post(region + "/register", register),
+            web.post(prefix + "/unregister", unregister),
+            web.post(region + "/unregister", unregister),
+        ]
     for base in (model, versioned):
         routes += [
             web.get(base, model_metadata),

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from gateway.shared_memory import SystemSharedMemory, read_tensor, shared_memory_outputs, shared_memory_ref
 from naiad.datatypes import BINARY_ONLY, element_count, from_bytes, numpy_dtype, to_bytes
 from naiad.errors import InvalidInput
 from naiad.inference import InferRequest, InferResponse, RequestedOutput, Tensor
@@ -116,7 +117,22 @@ def _json_data(name: str, datatype: str, data: Any, shape: list[int]) -> np.ndar
     return array.reshape(shape)
 
 
-def _input(spec: Any, binary: memoryview, offset: int) -> tuple[Tensor, int]:
+def _only_one_source(name: str, has_data: bool, has_binary: bool, has_shm: bool) -> None:
+    """Triton's ``ValidateInputContentType``: an input's data comes from exactly one place."""
+    if has_data + has_binary + has_shm == 1:
+        return
+    given = [f for f, on in (("'data'", has_data), ("'binary_data_size'", has_binary),
+                            ("'shared_memory_region'", has_shm)) if on]  # fmt: skip
+    raise InvalidInput(
+        "Input must set only one of the following fields: 'data', "
+        "'binary_data_size' in 'parameters', 'shared_memory_region' in 'parameters'. But "
+        + (f"set {' '.join(given)}" if given else "no field is set")
+    )
+
+
+def _input(
+    spec: Any, binary: memoryview, offset: int, shm: SystemSharedMemory | None = None
+) -> tuple[Tensor, int]:
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
         raise InvalidInput("each input must be an object with a 'name'")
     name, datatype = spec["name"], spec.get("datatype")
@@ -124,7 +140,11 @@ def _input(spec: Any, binary: memoryview, offset: int) -> tuple[Tensor, int]:
         raise InvalidInput(f"input '{name}': missing 'datatype'")
     numpy_dtype(datatype)
     shape = _shape(spec.get("shape"), name)
-    size = _object(spec.get("parameters"), f"input '{name}' parameters").get("binary_data_size")
+    params = _object(spec.get("parameters"), f"input '{name}' parameters")
+    size, region = params.get("binary_data_size"), shared_memory_ref(params, name)
+    if region is not None:
+        _only_one_source(name, "data" in spec, size is not None, True)
+        return Tensor(name, datatype, shape, read_tensor(shm, region, name, datatype, shape)), offset
     if size is None:
         if "data" not in spec:
             raise InvalidInput(f"input '{name}': neither 'data' nor 'binary_data_size' given")
@@ -145,13 +165,20 @@ def _requested_output(spec: Any) -> RequestedOutput:
     class_count = params.get("classification", 0)
     if not isinstance(class_count, int) or class_count < 0:
         raise InvalidInput(f"output '{spec['name']}': classification must be a non-negative integer")
-    return RequestedOutput(spec["name"], None if binary is None else bool(binary), class_count)
+    region = shared_memory_ref(params, spec["name"])
+    if region is not None and class_count:
+        raise InvalidInput("Output can't set both 'shared_memory_region' and 'classification'")
+    if region is not None and binary is True:
+        raise InvalidInput("Output can't set both 'shared_memory_region' and 'binary_data'")
+    return RequestedOutput(spec["name"], None if binary is None else bool(binary), class_count, region)
 
 
 def parse_infer_request(
-    body: bytes, header_length: int | None, model: str, version: int
+    body: bytes, header_length: int | None, model: str, version: int,
+    shm: SystemSharedMemory | None = None,
 ) -> InferRequest:
-    """Build an :class:`InferRequest` from a v2 HTTP body (JSON, or JSON + binary tensors).
+    """Build an :class:`InferRequest` from a v2 HTTP body (JSON, or JSON + binary tensors;
+    inputs naming a ``shared_memory_region`` are read from ``shm``).
 
     Raises :class:`InvalidInput` for malformed JSON, bad shapes or data that does not match
     its shape and datatype, and for binary data that is too short or left over.
@@ -162,7 +189,7 @@ def parse_infer_request(
         raise InvalidInput("the request must have a non-empty 'inputs' list")
     inputs, offset = [], 0
     for spec in specs:
-        tensor, offset = _input(spec, binary, offset)
+        tensor, offset = _input(spec, binary, offset, shm)
         inputs.append(tensor)
     if offset != len(binary):
         raise InvalidInput(f"{len(binary) - offset} bytes of binary data belong to no input")
@@ -191,18 +218,22 @@ def _json_values(tensor: Tensor) -> list[Any]:
 def render_infer_response(
     response: InferResponse, request: InferRequest
 ) -> tuple[bytes, dict[str, str]]:
-    """The HTTP body and headers for ``response``: JSON, or JSON + binary outputs.
+    """The HTTP body and headers for ``response``: JSON, or JSON + binary outputs; an output
+    written to a shared memory region has only its name, datatype and shape.
 
     An output is binary when its request entry says ``binary_data: true``, or, when it says
     nothing, when the request parameter ``binary_data_output`` is true (Triton's rule).
     """
     default_binary = bool(request.parameters.get("binary_data_output", False))
     wanted = {output.name: output for output in request.outputs}
+    in_regions = shared_memory_outputs(request)
     outputs, chunks = [], []
     for tensor in response.outputs:
         choice = wanted[tensor.name].binary if tensor.name in wanted else None
         item: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape}
-        if (default_binary if choice is None else choice):
+        if tensor.name in in_regions:
+            pass  # written to its shared memory region: no data (Triton's answer has none)
+        elif (default_binary if choice is None else choice):
             raw = to_bytes(tensor.data, tensor.datatype)
             item["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)

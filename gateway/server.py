@@ -26,6 +26,7 @@ from gateway.load_probe import LoadProbe
 from gateway.metrics import create_metrics_app
 from gateway.registry import ModelRegistry, poll_repository
 from gateway.response_cache import WAIT_BLOCK_S, CacheConfig, ResponseCache
+from gateway.shared_memory import SystemSharedMemory
 from naiad.redis_client import connect
 from naiad.settings import Settings
 from repository_store import open_store
@@ -122,7 +123,9 @@ async def run_gateway(settings: Settings, redis_url: str, stop: asyncio.Event) -
         dataplane = DataPlane(
             redis, registry, dispatcher, settings.request_timeout_s, settings.model_control_mode,
             cache=cache, max_queue_size=settings.max_queue_size, max_inflight=settings.max_inflight,
+            shared_memory=SystemSharedMemory(settings.http_max_body_bytes),
         )
+        stack.callback(dataplane.shared_memory.close)  # after the endpoints closed
         stack.push_async_callback(dataplane.stats_writer.flush)  # after the endpoints closed
         await stack.enter_async_context(_endpoints(settings, dataplane))
         # /metrics is the 'metrics' API group of --http-restricted-api.

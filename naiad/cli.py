@@ -51,6 +51,15 @@ SCALER_FLAGS = {
     "--scale-down-period": ("scale_down_period_s", float,
                             "seconds between stops of one model's workers"),
 }
+# flag -> Settings field, for Triton's rate limiter (serve, scaler, worker: the workers apply it).
+RATE_LIMIT_FLAGS = {
+    "--rate-limit": ("rate_limit", "off|execution_count", "execution_count: a worker runs a batch only "
+                     "when its instance group's rate_limiter resources are free on its machine"),
+    "--rate-limit-resource": ("rate_limit_resource", list, "repeatable NAME:COUNT[:DEVICE]: copies of a "
+                              "rate-limiter resource (default: the most any instance group asks for)"),
+    "--rate-limit-host": ("rate_limit_host", str, "the machine whose workers share rate-limiter "
+                          "resources (default: the host name; on Kubernetes the node name)"),
+}
 # flag -> Settings field, for the warm pool of the local scaler (serve, scaler).
 POOL_FLAGS = {
     "--warm-pool-size": ("warm_pool_size", int, "generic worker processes kept started, 0 for none"),
@@ -121,10 +130,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True)
     for name, text, flags in (
-        ("serve", "gateway + scaler (+ embedded Redis) on one machine", GATEWAY_FLAGS | SCALER_FLAGS),
+        ("serve", "gateway + scaler (+ embedded Redis) on one machine",
+         GATEWAY_FLAGS | SCALER_FLAGS | RATE_LIMIT_FLAGS),
         ("gateway", "the stateless gateway only", GATEWAY_FLAGS),
-        ("scaler", "the local scaler only", SCALER_FLAGS),
-        ("worker", "one worker process for one model", SCALER_FLAGS),
+        ("scaler", "the local scaler only", SCALER_FLAGS | RATE_LIMIT_FLAGS),
+        ("worker", "one worker process for one model", SCALER_FLAGS | RATE_LIMIT_FLAGS),
     ):
         sub = commands.add_parser(name, help=text)
         _add(sub, COMMON_FLAGS | flags)

@@ -33,6 +33,18 @@ class ModelNotFound(NaiadError):
     status = HTTPStatus.NOT_FOUND
 
 
+class AlreadyExists(InvalidInput):
+    """A name that is taken, e.g. a shared memory region registered twice (400, as Triton's
+    HTTP answers ``ALREADY_EXISTS``; ALREADY_EXISTS over gRPC)."""
+
+
+class RegionNotFound(NaiadError):
+    """No shared memory region of that name is registered (404; NOT_FOUND over gRPC, as
+    Triton answers)."""
+
+    status = HTTPStatus.NOT_FOUND
+
+
 class ModelNotReady(NaiadError):
     """The model exists but is not loadable: a broken config or missing model file (400,
     as Triton answers a request to an unavailable model)."""
@@ -127,6 +139,8 @@ GRPC_CODES: dict[type[NaiadError], str] = {
     InvalidInput: "INVALID_ARGUMENT",
     ConfigError: "INVALID_ARGUMENT",
     ModelNotFound: "NOT_FOUND",
+    AlreadyExists: "ALREADY_EXISTS",
+    RegionNotFound: "NOT_FOUND",
     ModelNotReady: "UNAVAILABLE",
     Unavailable: "UNAVAILABLE",
     Overloaded: "UNAVAILABLE",
@@ -157,6 +171,8 @@ ERRORS_BY_NAME: dict[str, type[NaiadError]] = {
         InferenceFailed,
         RepositoryError,
         ConfigError,
+        AlreadyExists,
+        RegionNotFound,
     )
 }
 

@@ -23,14 +23,27 @@ class Tensor:
     data: np.ndarray
 
 
+@dataclass(frozen=True)
+class SharedMemoryRef:
+    """A tensor in a registered system shared memory region (Triton's shared memory
+    extension): ``byte_size`` bytes at ``offset`` into region ``region``. Never queued: the
+    gateway reads inputs from and writes outputs to the region (``gateway/shared_memory.py``)."""
+
+    region: str
+    byte_size: int
+    offset: int = 0
+
+
 @dataclass
 class RequestedOutput:
     """An output the client asked for. ``binary`` is the HTTP binary extension's per-output
-    choice (None = the request's default); ``class_count`` > 0 asks for classification."""
+    choice (None = the request's default); ``class_count`` > 0 asks for classification;
+    ``shared_memory``: the region the answer is written to instead of the response."""
 
     name: str
     binary: bool | None = None
     class_count: int = 0
+    shared_memory: SharedMemoryRef | None = None
 
 
 @dataclass

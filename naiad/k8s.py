@@ -154,7 +154,11 @@ def _pod_spec(config: mc.ModelConfig, options: RenderOptions) -> dict:
             "image": options.image_worker,
             "command": ["naiad"],
             "args": worker_args(config.name, options),
-            "env": [{"name": "REDIS_ADDRESS", "value": options.redis_address}],
+            "env": [
+                {"name": "REDIS_ADDRESS", "value": options.redis_address},
+                # The rate limiter's machine is the node: the workers of one node share it.
+                {"name": "NAIAD_RATE_LIMIT_HOST", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+            ],
             "envFrom": [{"secretRef": {"name": S3_SECRET, "optional": True}}],
             "resources": resources,
             "volumeMounts": [{"name": "model-cache", "mountPath": CACHE_DIR}],

@@ -109,3 +109,51 @@ def response_cache_result(model: str, digest: str, token: str) -> str:
     """Leader ``token``'s encoded outputs, kept briefly for its followers (even when the
     entry itself is too large for the cache or already evicted)."""
     return f"{response_cache_entry(model, digest)}:result:{token}"
+
+
+# --- rate limiter (workers/rate_limiter.py) ---------------------------------------------------
+# One set of keys per machine (``host``: a host or node name, never with braces), hash-tagged
+# by it, touched only by the limiter's Lua scripts. A resource is ``<device>/<name>`` or
+# ``global/<name>``; a worker id names a holder or a waiter.
+
+
+def _rate_limit(host: str, what: str) -> str:
+    return f"{PREFIX}:{{ratelimit:{host}}}:{what}"
+
+
+def rate_limit_used(host: str) -> str:
+    """Hash: resource -> copies allocated now on ``host``."""
+    return _rate_limit(host, "used")
+
+
+def rate_limit_holders(host: str) -> str:
+    """Hash: worker id -> JSON list of the ``[resource, count, capacity]`` it holds."""
+    return _rate_limit(host, "holders")
+
+
+def rate_limit_leases(host: str) -> str:
+    """Sorted set: worker id (holder or waiter) -> lease deadline (Redis time, ms); a holder
+    or waiter past it is gone (its copies are freed, its place in line dropped)."""
+    return _rate_limit(host, "leases")
+
+
+def rate_limit_waiting(host: str) -> str:
+    """Sorted set of waiting workers: member ``<20-digit arrival number>:<worker id>``,
+    score = Triton's scaled priority (executions so far x priority): lowest goes first."""
+    return _rate_limit(host, "waiting")
+
+
+def rate_limit_requests(host: str) -> str:
+    """Hash: waiting worker id -> JSON ``{member, needs}`` (what it waits for)."""
+    return _rate_limit(host, "requests")
+
+
+def rate_limit_arrivals(host: str) -> str:
+    """Counter numbering the waiters of ``host`` in arrival order (ties of priority)."""
+    return _rate_limit(host, "arrivals")
+
+
+def rate_limit_wake(host: str, worker_id: str) -> str:
+    """List a waiting worker BLPOPs; the script that grants it its copies pushes one element
+    (with the lease as TTL)."""
+    return _rate_limit(host, f"wake:{worker_id}")

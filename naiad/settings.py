@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -129,6 +129,23 @@ class Settings(BaseSettings):
     (:mod:`workers.placement`). None (a worker started by hand or by Kubernetes): from the
     config's ``instance_group``, CUDA unless every group is ``KIND_CPU``."""
 
+    rate_limit: Literal["off", "execution_count"] = "off"
+    """Triton's ``--rate-limit``: ``execution_count`` runs a worker's batch only when the
+    ``rate_limiter`` resources of its instance group are free on its machine (shared by
+    every worker there; waiting workers in Triton's priority order); ``off`` (Triton's
+    default) ignores every ``rate_limiter`` (:mod:`workers.rate_limiter`)."""
+
+    rate_limit_resource: list[str] = Field(default_factory=list)
+    """Triton's ``--rate-limit-resource NAME:COUNT[:DEVICE]`` (repeatable): ``COUNT`` copies of
+    resource ``NAME`` on device ``DEVICE`` (a GPU index; CPU workers count as device 0, as in
+    Triton), or on every device without one, or machine-wide for a ``global`` resource.
+    Unlisted resources have the most any model's instance group asks for."""
+
+    rate_limit_host: str | None = None
+    """The machine whose workers share rate-limiter resources (``--rate-limit-host``; None:
+    this host's name). On Kubernetes, give the node's name (``NAIAD_RATE_LIMIT_HOST`` from
+    ``spec.nodeName``) so the workers of one node share them."""
+
     warm_pool_size: int = Field(default=1, ge=0)
     """Generic worker processes the local scaler keeps started ahead of need (interpreter up,
     frameworks imported, connected to Redis, no model yet); a cold start claims one and pays
@@ -167,6 +184,13 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
     """Python logging level name."""
 
+    @field_validator("rate_limit_resource")
+    @classmethod
+    def _resources(cls, values: list[str]) -> list[str]:
+        for value in values:
+            parse_rate_limit_resource(value)
+        return values
+
     log_format: Literal["text", "json"] = "text"
     """Log record format: ``text`` (one line, human) or ``json`` (one JSON object a line)."""
 
@@ -186,6 +210,16 @@ class Settings(BaseSettings):
     """OpenTelemetry tracing (needs the ``trace`` extra). The exporter, sampler and service
     name come from the standard ``OTEL_*`` variables (``OTEL_TRACES_EXPORTER=otlp|console|none``,
     ``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_TRACES_SAMPLER``, ``OTEL_SERVICE_NAME``)."""
+
+
+def parse_rate_limit_resource(value: str) -> tuple[str, int, int | None]:
+    """``(name, count, device or None)`` of a ``--rate-limit-resource NAME:COUNT[:DEVICE]``
+    value (Triton's form: COUNT >= 0, DEVICE a non-negative integer). Raises ValueError."""
+    parts = value.split(":")
+    digits = all(p.isascii() and p.isdigit() and len(p) <= 9 for p in parts[1:])
+    if len(parts) not in (2, 3) or not parts[0] or not digits:
+        raise ValueError(f"--rate-limit-resource {value!r}: expected NAME:COUNT or NAME:COUNT:DEVICE")
+    return parts[0], int(parts[1]), int(parts[2]) if len(parts) == 3 else None
 
 
 #: ``--cache-config redis,<key>=<value>`` keys -> Settings fields and value parsers.

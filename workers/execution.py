@@ -31,7 +31,7 @@ from naiad.codec import QueuedRequest, Reply, encode_reply
 from naiad.datatypes import datatype_of
 from naiad.errors import InferenceFailed, NaiadError
 from naiad.inference import Tensor
-from workers import batching
+from workers import batching, rate_limiter
 from workers.loader import VersionLoader
 from workers.model import ModelRunner
 
@@ -47,6 +47,9 @@ class BatchExecutor:
     def __init__(self, model: str, loader: VersionLoader):
         self.model = model
         self.loader = loader
+        #: Triton's rate limiter (``--rate-limit execution_count``): a batch runs only with its
+        #: instance group's resources held, machine-wide; None: off, or no resources.
+        self.rate_limit: rate_limiter.RateLimiter | None = None
         # each runner's last compute_infer (ns) per batch size class (rows.bit_length())
         self._infer_ns: weakref.WeakKeyDictionary[ModelRunner, dict[int, int]] = weakref.WeakKeyDictionary()
 
@@ -77,9 +80,10 @@ class BatchExecutor:
     ) -> tuple[list[bytes], stats.Execution | None]:
         try:
             runner = await self.loader.get(group[0].request.version)
-            if is_request_level(runner):
-                return await run_requests(runner, group)
-            return await self._run_merged(runner, group)
+            async with rate_limiter.slot(self.rate_limit):
+                if is_request_level(runner):
+                    return await run_requests(runner, group)
+                return await self._run_merged(runner, group)
         except NaiadError as exc:
             error = exc
         except Exception as exc:  # the backend's own errors reach the client with their text

@@ -86,6 +86,9 @@ class LocalScaler:
             "--min-workers", str(self.settings.min_workers),
             "--log-level", self.settings.log_level,
             "--cache-dir", str(self.settings.cache_dir),
+            "--rate-limit", self.settings.rate_limit,
+            *(f"--rate-limit-resource={value}" for value in self.settings.rate_limit_resource),
+            *(["--rate-limit-host", self.settings.rate_limit_host] if self.settings.rate_limit_host else []),
             *self.log_flags(),
         ]  # fmt: skip
 

@@ -43,7 +43,7 @@ from naiad.ids import fresh_id
 from naiad.redis_client import connect
 from naiad.settings import Settings
 from repository_store import RepositoryStore
-from workers import bls, cold_start, load_failure, reclaim, scaling
+from workers import bls, cold_start, load_failure, rate_limiter, reclaim, scaling
 from workers.batcher import Batcher, BatchPolicy
 from workers.execution import BatchExecutor
 from workers.lifecycle import Lifecycle
@@ -125,6 +125,9 @@ class Worker:
                 self.queue.configure(queue_policy.priority_levels(registered.config))
                 await self.queue.ensure_groups()
             entry = await self.loader.start(registered)
+            self.executor.rate_limit = await rate_limiter.for_worker(
+                self.settings, self.redis, self.worker_id, entry.config
+            )
         except NaiadError as exc:
             logger.error("model '%s' cannot be served: %s", self.model, exc.message)
             if tried is not None and load_failure.is_model_fault(exc):

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import uuid
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
+import tritonclient.utils.shared_memory as shm
 from conformance_client import CALL_TIMEOUT_S, Client, digits_row, http_status, ints, unpack
 from tritonclient.utils import InferenceServerException
 
@@ -60,6 +62,7 @@ def test_server_metadata_lists_exactly_the_extensions(client):
     assert metadata["extensions"] == EXTENSIONS
     assert EXTENSIONS == [
         "classification", "binary_tensor_data", "model_configuration", "statistics", "model_repository",
+        "system_shared_memory",
     ]  # fmt: skip
 
 
@@ -345,14 +348,38 @@ def test_grpc_stream_aio(server):
     check_stream(asyncio.run(asyncio.wait_for(main(), CALL_TIMEOUT_S)), STREAM)
 
 
+def test_system_shared_memory(client, digits_onnx):
+    """Input from and output to a region made by tritonclient's own library, registered,
+    read back in the status and unregistered with each client flavour."""
+    x = (np.arange(3 * 64, dtype=np.float32).reshape(3, 64) % 13).astype(np.float32)
+    in_bytes, out_bytes = x.nbytes, 3 * 10 * 4
+    key = f"/naiad_conformance_{uuid.uuid4().hex[:12]}"
+    handle = shm.create_shared_memory_region("conformance", key, in_bytes + out_bytes)
+    try:
+        shm.set_shared_memory_region(handle, [x])
+        client("register_system_shared_memory", "conformance", key, in_bytes + out_bytes)
+        status = client("get_system_shared_memory_status")
+        regions = list(status.get("regions", {}).values()) if client.grpc else status
+        assert [(r["name"], r["key"], int(r["byte_size"])) for r in regions] == [
+            ("conformance", key, in_bytes + out_bytes)
+        ]
+        tensor = client.module.InferInput("input", [3, 64], "FP32")
+        tensor.set_shared_memory("conformance", in_bytes)
+        output = client.module.InferRequestedOutput("probabilities")
+        output.set_shared_memory("conformance", out_bytes, offset=in_bytes)
+        client("infer", "digits", [tensor], outputs=[output])
+        got = shm.get_contents_as_numpy(handle, np.float32, [3, 10], offset=in_bytes)
+        np.testing.assert_allclose(got, reference(digits_onnx, x)["probabilities"], rtol=1e-5)
+    finally:
+        client("unregister_system_shared_memory")
+        shm.destroy_shared_memory_region(handle)
+    status = client("get_system_shared_memory_status")
+    assert not (status.get("regions") if client.grpc else status)
+
+
 # --- what Naiad deliberately does not implement -------------------------------------------------
 
 UNIMPLEMENTED = {
-    "system_shared_memory": [
-        ("get_system_shared_memory_status", ()),
-        ("register_system_shared_memory", ("region", "/naiad_none", 64)),
-        ("unregister_system_shared_memory", ()),
-    ],
     "cuda_shared_memory": [
         ("get_cuda_shared_memory_status", ()),
         ("unregister_cuda_shared_memory", ()),
@@ -378,6 +405,7 @@ EXERCISED = {
     "model_configuration": test_model_config,
     "statistics": test_statistics,
     "model_repository": test_unload_then_load,
+    "system_shared_memory": test_system_shared_memory,
 }
 
 

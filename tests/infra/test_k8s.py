@@ -112,6 +112,8 @@ def test_rendered_worker_manifests(rendered: dict[str, list[dict]]) -> None:
         assert container["image"] == "registry.example/naiad-worker:1"
         env = {e["name"] for e in container["env"]}
         assert all(t["metadata"]["addressFromEnv"] in env for t in triggers)
+        node = {"name": "NAIAD_RATE_LIMIT_HOST", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+        assert node in container["env"]
         args = build_parser().parse_args(container["args"])
         assert (args.command, args.model) == ("worker", model)
         assert args.redis_url.startswith("redis://") and args.model_repository.endswith("models")
