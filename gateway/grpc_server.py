@@ -228,8 +228,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return to_model_metadata(await self._dp.model_metadata(request.name, request.version))
 
     async def ModelConfig(self, request: pb.ModelConfigRequest, context: Any) -> pb.ModelConfigResponse:
-        entry, _ = await self._dp.resolve(request.name, request.version)
-        return pb.ModelConfigResponse(config=entry.config)
+        return pb.ModelConfigResponse(config=await self._dp.model_config(request.name, request.version))
 
     async def ModelStatistics(
         self, request: pb.ModelStatisticsRequest, context: Any
