@@ -189,6 +189,9 @@ def model_stat(name: str, version: int, counters: dict[str, int]) -> dict[str, A
             {"batch_size": size, **{p: _duration(counters, f"{v}batch:{size}:", p) for p in PHASES}}
             for size in _batch_sizes(counters, version)
         ],
+        # As Triton 2.51 writes them for a model that is not decoupled and reports no memory.
+        "response_stats": {},
+        "memory_usage": [],
     }
 
 
