@@ -288,8 +288,12 @@ def test_finalize_runs_when_the_worker_exits(tmp_path, example_repository):
     ],
 )  # fmt: skip
 def test_outputs_that_contradict_the_config_fail_the_request(client, mode, message):
+    """Outputs named by the request: each must be there (a request naming none gets what the
+    model gave, as from Triton)."""
     x = np.arange(4, dtype=np.float32).reshape(1, 4)
-    error = failure(lambda: client.infer("misbehaving", [tensor("X", x, "FP32")], parameters={"mode": mode}))
+    named = [httpclient.InferRequestedOutput(name) for name in ("Y", "Z")]
+    error = failure(lambda: client.infer("misbehaving", [tensor("X", x, "FP32")], outputs=named,
+                                         parameters={"mode": mode}))  # fmt: skip
     assert (error.status(), error.message()) == ("500", message)
 
 
