@@ -22,7 +22,8 @@ ANY = object()
 @dataclass(frozen=True)
 class Accepted:
     transport: str
-    """``http``, ``grpc`` or ``*``."""
+    """``http``, ``grpc``, ``stats`` (the statistics counts after the agreeing cases; case: the
+    model, path: ``<version>.<count>``) or ``*``."""
     cases: str
     path: str
     reason: str
@@ -132,6 +133,34 @@ ACCEPTED: list[Accepted] = [
         "*.parameters",
         reason="Triton's ensemble scheduler copies `sequence_id`/`sequence_start`/`sequence_end` "
         "into its responses; Naiad sends no parameters it was not given",
+    ),
+    Accepted(
+        "stats",
+        "identity",
+        "*.fail",
+        reason="a request with no inputs: Triton counts it a failed request of the model; Naiad refuses it "
+        "before it reaches the model, uncounted, as every malformed request",
+    ),
+    Accepted(
+        "stats",
+        "failing",
+        "*.success",
+        reason="a response carrying a `TritonError`: Triton counts it a success, Naiad a failure (the "
+        "client got an error)",
+    ),
+    Accepted(
+        "stats",
+        "failing",
+        "*.fail",
+        reason="a response carrying a `TritonError`: Triton counts it a success, Naiad a failure (the "
+        "client got an error)",
+    ),
+    Accepted(
+        "stats",
+        "failing",
+        "*.execution_count",
+        reason="a batch whose `execute` raised: Triton counts an execution, Naiad counts executed "
+        "batches only",
     ),
     Accepted(
         "http",

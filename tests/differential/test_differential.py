@@ -29,7 +29,8 @@ def _differences(transport: str, results: list[tuple[str, Any, Any]]) -> list[tu
 
 @pytest.fixture(scope="module")
 def differences(servers, stubs) -> list[tuple[str, str, str, Any, Any]]:
-    """Every ``(transport, case, path, triton, naiad)`` that differs, over all cases."""
+    """Every ``(transport, case, path, triton, naiad)`` that differs, over all cases, and
+    the statistics counts that differ after the agreeing cases (:func:`_statistics_differences`)."""
     triton, naiad = servers
     http = [
         (
@@ -40,7 +41,9 @@ def differences(servers, stubs) -> list[tuple[str, str, str, Any, Any]]:
         for case in http_cases()
     ]
     grpc = [(case.id, send_grpc(stubs[0], case), send_grpc(stubs[1], case)) for case in grpc_cases()]
-    return _differences("http", http) + _differences("grpc", grpc)
+    found = _differences("http", http) + _differences("grpc", grpc)
+    answered_otherwise = {(t, c) for t, c, path, *_ in found if path != "content_type"}
+    return found + _statistics_differences(servers, stubs, answered_otherwise)
 
 
 def test_every_difference_is_accepted(differences):
@@ -86,8 +89,8 @@ def _rows_seen(base: str, count: int) -> list[int]:
 def test_dynamic_batcher_sends_a_preferred_size_at_once(servers):
     """preferred_batch_size [4, 8], a long delay, six concurrent requests: a batch of 4 goes
     at once, the other 2 after the delay (Triton batcher.md), on both servers."""
-    triton, naiad = servers
-    _infer(naiad.http, "batcher", {"inputs": [jtensor("IN", "INT32", [1, 1], [0])]})  # a warm worker
+    for server in servers:  # Naiad: a warm worker (the same request to both: same statistics)
+        _infer(server.http, "batcher", {"inputs": [jtensor("IN", "INT32", [1, 1], [0])]})
     with ThreadPoolExecutor(2) as pool:
         seen = list(pool.map(lambda server: _rows_seen(server.http, 6), servers))
     assert seen[0] == [2, 2, 4, 4, 4, 4], f"Triton ran {seen[0]}"
@@ -112,6 +115,48 @@ def _structure(value: Any) -> Any:
     if isinstance(value, list):
         return [_structure(v) for v in value[:1]]
     return type(value).__name__
+
+
+MODELS = ["identity", "fixed", "add_sub", "versioned", "versioned_latest", "versioned_specific",
+          "versioned_default", "failing", "ens"]  # fmt: skip
+
+
+def _all_counts(base: str) -> dict[str, dict[str, dict[str, int]]]:
+    """Counts by model and version (``_counts``), every model of :data:`MODELS`."""
+    found = {}
+    for model in MODELS:
+        response = requests.get(f"{base}/v2/models/{model}/stats", timeout=10)
+        assert response.status_code == 200, response.text
+        found[model] = {s["version"]: _counts(s) for s in response.json()["model_stats"]}
+    return found
+
+
+def _delta(before: dict, after: dict) -> dict:
+    return {m: {v: {k: n - before[m].get(v, {}).get(k, 0) for k, n in c.items()} for v, c in versions.items()}
+            for m, versions in after.items()}  # fmt: skip
+
+
+def _statistics_differences(servers, stubs, differing: set[tuple[str, str]]) -> list[tuple]:
+    """The cases both servers answer alike (``differing``: those they do not, by transport
+    and case id), sent again: every model's counts (requests,
+    executions, successes, failures, queue, compute phases) must grow alike on both. A count
+    that differs is ``("stats", model, "<version>.<count>", triton, naiad)``."""
+    http = [case for case in http_cases() if ("http", case.id) not in differing]
+    grpc = [case for case in grpc_cases() if ("grpc", case.id) not in differing]
+    deltas = []
+    for server, stub in zip(servers, stubs, strict=True):
+        before = _all_counts(server.http)
+        for case in http:
+            send_http("127.0.0.1", server.http_port, case)
+        for case in grpc:
+            send_grpc(stub, case)
+        deltas.append(_delta(before, _all_counts(server.http)))
+    return [("stats", model, *d) for model in MODELS for d in diff(deltas[0][model], deltas[1][model])]
+
+
+def test_statistics_structure_agrees(servers):
+    shapes = [_structure(_stats(server.http, "identity")) for server in servers]
+    assert json.dumps(shapes[1], sort_keys=True) == json.dumps(shapes[0], sort_keys=True)
 
 
 def test_response_cache_answers_and_statistics_agree(servers):
