@@ -52,6 +52,16 @@ def _object(value: Any, what: str) -> dict[str, Any]:
     return value
 
 
+def _scalars(parameters: dict[str, Any]) -> dict[str, Any]:
+    """``parameters`` if every value is a KServe v2 ``$parameter`` (a boolean, number or
+    string); InvalidInput naming the first that is not (Triton refuses them too)."""
+    for key, value in parameters.items():
+        if not isinstance(value, str | int | float):
+            raise InvalidInput(f"parameter '{key}' has invalid type: it must be a boolean, a number "
+                               "or a string")  # fmt: skip
+    return parameters
+
+
 def _shape(raw: Any, name: str) -> list[int]:
     if not isinstance(raw, list) or len(raw) > MAX_DIMS:
         raise InvalidInput(f"input '{name}': 'shape' must be a list of at most {MAX_DIMS} sizes")
@@ -192,7 +202,7 @@ def parse_infer_request(
     if not isinstance(output_specs, list):
         raise InvalidInput("'outputs' must be a list")
     outputs = [_requested_output(spec) for spec in output_specs]
-    parameters = _object(header.get("parameters"), "'parameters'")
+    parameters = _scalars(_object(header.get("parameters"), "'parameters'"))
     _flag(parameters.get("binary_data_output"), "'binary_data_output'")
     request_id = header.get("id", "")
     if not isinstance(request_id, str):

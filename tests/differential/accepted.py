@@ -92,6 +92,14 @@ ACCEPTED: list[Accepted] = [
     ),
     Accepted(
         "http",
+        "bad/version_negative",
+        "status",
+        triton=404,
+        naiad=400,
+        reason="a version that is not a number is a malformed request (400), not an unknown one",
+    ),
+    Accepted(
+        "http",
         "stats/unknown",
         "status",
         triton=400,
@@ -140,6 +148,13 @@ ACCEPTED: list[Accepted] = [
         "*.fail",
         reason="a request with no inputs: Triton counts it a failed request of the model; Naiad refuses it "
         "before it reaches the model, uncounted, as every malformed request",
+    ),
+    Accepted(
+        "stats",
+        "identity",
+        "*.success",
+        reason="classification of a BOOL output: Triton runs the model (a success) and then refuses it; "
+        "Naiad refuses it before running it",
     ),
     Accepted(
         "stats",

@@ -418,6 +418,96 @@ def _bad_json_cases() -> list[HttpCase]:
     ]
 
 
+def _parameter_cases() -> list[HttpCase]:
+    """Request parameters: the schedule policy's, unknown ones (passed through), odd types.
+    Not sent, as they kill Triton 2.51 (Naiad: ``sequence_id`` is passed to the model, a
+    classification of a BYTES output is 400): ``sequence_id`` on a model without a sequence
+    batcher, ``classification`` of a BYTES output."""
+    one = jtensor("IN_INT8", "INT8", [1, 1], [1])
+    cases = []
+    for name, value in [("priority", 1), ("priority", 0), ("timeout", 1000000), ("timeout", 0),
+                        ("priority", -1), ("priority", "high"), ("timeout", 1.5), ("timeout", True),
+                        ("custom", "x"), ("custom", 3), ("custom", 1.5), ("custom", -3),
+                        ("custom", {"a": 1}), ("custom", [1]), ("custom", None),
+                         ("binary_data_output", False)]:  # fmt: skip
+        body = _identity(one, parameters={name: value})
+        cases.append(_case(f"params/{name}={json.dumps(value)}", "identity", body))
+    cases += [
+        _case(
+            "params/output_unknown_parameter",
+            "identity",
+            _identity(one, outputs=[{"name": "OUT_INT8", "parameters": {"custom": 1}}]),
+        ),  # fmt: skip
+        _case(
+            "params/input_unknown_parameter",
+            "identity",
+            _identity(jtensor("IN_INT8", "INT8", [1, 1], [1], custom=1)),
+        ),  # fmt: skip
+        _case(
+            "bytes/binary_output",
+            "fixed",
+            js(
+                {
+                    "inputs": [
+                        jtensor("IN_FP32", "FP32", [2, 3], [1, 2, 3, 4, 5, 6]),
+                        jtensor("IN_BYTES", "BYTES", [2], ["a", "bc"]),
+                    ],
+                    "outputs": [{"name": "OUT_BYTES", "parameters": {"binary_data": True}}],
+                }
+            ),
+        ),  # fmt: skip
+        _case(
+            "fixed/class_fp32",
+            "fixed",
+            js(
+                {
+                    "inputs": [
+                        jtensor("IN_FP32", "FP32", [2, 3], [1, 9, 3, 4, 5, 6]),
+                        jtensor("IN_BYTES", "BYTES", [2], ["a", "bc"]),
+                    ],
+                    "outputs": [{"name": "OUT_FP32", "parameters": {"classification": 2}}],
+                }
+            ),
+        ),  # fmt: skip
+        _case(
+            "identity/class_batch",
+            "identity",
+            _identity(
+                jtensor("IN_FP32", "FP32", [2, 3], [1, 5, 3, 9, 2, 0]),
+                outputs=[{"name": "OUT_FP32", "parameters": {"classification": 2}}],
+            ),
+        ),  # fmt: skip
+        _case(
+            "identity/class_bool",
+            "identity",
+            _identity(
+                jtensor("IN_BOOL", "BOOL", [1, 2], [True, False]),
+                outputs=[{"name": "OUT_BOOL", "parameters": {"classification": 1}}],
+            ),
+        ),  # fmt: skip
+        _case(
+            "identity/batch_mismatch",
+            "identity",
+            _identity(jtensor("IN_INT8", "INT8", [1, 1], [1]), jtensor("IN_INT16", "INT16", [2, 1], [1, 2])),
+        ),  # fmt: skip
+        HttpCase("bad/infer_on_stats_path", "POST", "/v2/models/identity/stats", b"{}"),
+        HttpCase("bad/config_post", "POST", "/v2/models/identity/config", b"{}"),
+        _case(
+            "bad/version_zero",
+            "versioned",
+            js({"inputs": [jtensor("IN", "FP32", [1, 1], [1.0])]}),
+            version="0",
+        ),
+        _case(
+            "bad/version_negative",
+            "versioned",
+            js({"inputs": [jtensor("IN", "FP32", [1, 1], [1.0])]}),
+            version="-1",
+        ),
+    ]
+    return cases
+
+
 def _add_sub(*, outputs: list[dict[str, Any]] | None = None, **extra: Any) -> bytes:
     body: dict[str, Any] = {
         "inputs": [jtensor("INPUT0", "FP32", [4], [1, 2, 3, 4]), jtensor("INPUT1", "FP32", [4], [4, 1, 2, 0])]
@@ -503,7 +593,8 @@ def _model_cases() -> list[HttpCase]:
 
 def http_cases() -> list[HttpCase]:
     """Every HTTP case, in the order sent (unique ids)."""
-    cases = _metadata_cases() + _datatype_cases() + _binary_cases() + _bad_json_cases() + _model_cases()
+    cases = (_metadata_cases() + _datatype_cases() + _binary_cases() + _bad_json_cases() + _model_cases()
+             + _parameter_cases())  # fmt: skip
     ids = [c.id for c in cases]
     assert len(ids) == len(set(ids)), sorted({i for i in ids if ids.count(i) > 1})
     return cases

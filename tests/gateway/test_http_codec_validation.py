@@ -194,6 +194,16 @@ def test_binary_flags_must_be_booleans(value):
             parse_infer_request(json.dumps(header).encode(), None, "m", 1)
 
 
+@pytest.mark.parametrize("value", [{"a": 1}, [1], None])
+def test_request_parameters_must_be_scalars(value):
+    body = json.dumps({"inputs": [spec(data=[1, 2])], "parameters": {"custom": value}}).encode()
+    with pytest.raises(InvalidInput, match="parameter 'custom' has invalid type"):
+        parse_infer_request(body, None, "m", 1)
+    for fine in (True, 3, 1.5, "x"):
+        body = json.dumps({"inputs": [spec(data=[1, 2])], "parameters": {"custom": fine}}).encode()
+        assert parse_infer_request(body, None, "m", 1).parameters == {"custom": fine}
+
+
 def test_data_and_binary_data_size_together_are_refused_with_tritons_message():
     body, length = binary({"inputs": [spec(data=[1, 2], parameters={"binary_data_size": 8})]}, bytes(8))
     with pytest.raises(InvalidInput, match=r"^Input must set only one of the following fields: 'data', "
