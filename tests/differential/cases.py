@@ -169,6 +169,12 @@ def _metadata_cases() -> list[HttpCase]:
     return cases
 
 
+def _fixed(values: list[float], strings: list[str], shape: list[int] = (2, 3), **extra: Any) -> bytes:  # type: ignore[assignment]
+    """A body for ``fixed``: its FP32 input of ``shape`` and its BYTES input."""
+    inputs = [jtensor("IN_FP32", "FP32", list(shape), values), jtensor("IN_BYTES", "BYTES", [2], strings)]
+    return js({"inputs": inputs, **extra})
+
+
 def _identity(*inputs: dict[str, Any], **extra: Any) -> bytes:
     return js({"inputs": list(inputs), **extra})
 
@@ -388,26 +394,12 @@ def _bad_json_cases() -> list[HttpCase]:
         _case(
             "good/unicode_bytes",
             "fixed",
-            js(
-                {
-                    "inputs": [
-                        t("IN_FP32", "FP32", [2, 3], [1, 2, 3, 4, 5, 6]),
-                        t("IN_BYTES", "BYTES", [2], ["日本", "x"]),
-                    ]
-                }
-            ),
+            _fixed([1, 2, 3, 4, 5, 6], ["日本", "x"]),
         ),
         _case(
             "bad/fixed_wrong_dims",
             "fixed",
-            js(
-                {
-                    "inputs": [
-                        t("IN_FP32", "FP32", [3, 2], [1, 2, 3, 4, 5, 6]),
-                        t("IN_BYTES", "BYTES", [2], ["a", "b"]),
-                    ]
-                }
-            ),
+            _fixed([1, 2, 3, 4, 5, 6], ["a", "b"], shape=[3, 2]),
         ),
         _case(
             "bad/fixed_missing_input",
@@ -446,27 +438,19 @@ def _parameter_cases() -> list[HttpCase]:
         _case(
             "bytes/binary_output",
             "fixed",
-            js(
-                {
-                    "inputs": [
-                        jtensor("IN_FP32", "FP32", [2, 3], [1, 2, 3, 4, 5, 6]),
-                        jtensor("IN_BYTES", "BYTES", [2], ["a", "bc"]),
-                    ],
-                    "outputs": [{"name": "OUT_BYTES", "parameters": {"binary_data": True}}],
-                }
+            _fixed(
+                [1, 2, 3, 4, 5, 6],
+                ["a", "bc"],
+                outputs=[{"name": "OUT_BYTES", "parameters": {"binary_data": True}}],
             ),
         ),  # fmt: skip
         _case(
             "fixed/class_fp32",
             "fixed",
-            js(
-                {
-                    "inputs": [
-                        jtensor("IN_FP32", "FP32", [2, 3], [1, 9, 3, 4, 5, 6]),
-                        jtensor("IN_BYTES", "BYTES", [2], ["a", "bc"]),
-                    ],
-                    "outputs": [{"name": "OUT_FP32", "parameters": {"classification": 2}}],
-                }
+            _fixed(
+                [1, 9, 3, 4, 5, 6],
+                ["a", "bc"],
+                outputs=[{"name": "OUT_FP32", "parameters": {"classification": 2}}],
             ),
         ),  # fmt: skip
         _case(

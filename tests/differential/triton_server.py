@@ -13,7 +13,6 @@ import os
 import pathlib
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass
 
 import requests
@@ -21,7 +20,6 @@ from naiad_harness import free_port, wait_for
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 60.0
-PY = f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
 def triton_venv() -> pathlib.Path:
@@ -73,10 +71,13 @@ class TritonServer:
 
 
 def _backends(home: pathlib.Path, workdir: pathlib.Path) -> pathlib.Path:
+    """A backend folder with the Python backend and the stub for the venv's Python (the
+    ``python3.X`` folder the wheel is installed under)."""
     backends = workdir / "backends"
     python = backends / "python"
     shutil.copytree(home / "backends" / "python", python)
-    stub = home / "python_backend_stubs" / PY / "triton_python_backend_stub"
+    version = home.parents[2].name.removeprefix("python")  # lib/python3.X/site-packages/pytriton/...
+    stub = home / "python_backend_stubs" / version / "triton_python_backend_stub"
     shutil.copy2(stub, python / stub.name)
     return backends
 
