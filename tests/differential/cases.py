@@ -8,7 +8,9 @@ on ``inference.GRPCInferenceService``.
 
 from __future__ import annotations
 
+import gzip
 import json
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -410,6 +412,22 @@ def _bad_json_cases() -> list[HttpCase]:
     ]
 
 
+def _encoding_cases() -> list[HttpCase]:
+    """HTTP compression: gzip and deflate request bodies, compressed answers asked for."""
+    body = _identity(jtensor("IN_INT32", "INT32", [1, 4], [1, 2, 3, 4]))
+    cases = [
+        _case("encoding/request_gzip", "identity", gzip.compress(body), {"Content-Encoding": "gzip"}),
+        _case("encoding/request_deflate", "identity", zlib.compress(body), {"Content-Encoding": "deflate"}),
+        _case("encoding/request_corrupt_gzip", "identity", b"\x1f\x8bnot gzip", {"Content-Encoding": "gzip"}),
+        _case("encoding/request_unknown", "identity", body, {"Content-Encoding": "br"}),
+    ]
+    for accept in ("gzip", "deflate", "gzip;q=0, deflate", "identity", "br"):
+        cases.append(_case(f"encoding/accept={accept}", "identity", body, {"Accept-Encoding": accept}))
+    big = _identity(jtensor("IN_FP64", "FP64", [1, 512], [0.5] * 512))
+    cases.append(_case("encoding/accept_gzip_large", "identity", big, {"Accept-Encoding": "gzip"}))
+    return cases
+
+
 def _parameter_cases() -> list[HttpCase]:
     """Request parameters: the schedule policy's, unknown ones (passed through), odd types.
     Not sent, as they kill Triton 2.51 (Naiad: ``sequence_id`` is passed to the model, a
@@ -474,6 +492,7 @@ def _parameter_cases() -> list[HttpCase]:
             "identity",
             _identity(jtensor("IN_INT8", "INT8", [1, 1], [1]), jtensor("IN_INT16", "INT16", [2, 1], [1, 2])),
         ),  # fmt: skip
+        *_encoding_cases(),
         HttpCase("bad/infer_on_stats_path", "POST", "/v2/models/identity/stats", b"{}"),
         HttpCase("bad/config_post", "POST", "/v2/models/identity/config", b"{}"),
         _case(

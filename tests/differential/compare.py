@@ -1,6 +1,7 @@
 """Send one case to a server and reduce the answer to what the suite compares; diff two.
 
-An HTTP answer becomes ``{"status", "content_type", "binary", "body"}``: the body's JSON
+An HTTP answer becomes ``{"status", "content_type", "binary", "content_encoding", "body"}``
+(a compressed body decoded first): the body's JSON
 (binary outputs decoded into ``data`` lists by their datatype and shape, so a binary and a
 JSON answer of the same tensor compare equal), with error messages reduced to ``"<message>"``
 unless the case compares their text. A gRPC answer becomes ``{"code", "response"}``: the
@@ -10,8 +11,10 @@ message as a dict (proto field names), ``raw_output_contents`` decoded into each
 
 from __future__ import annotations
 
+import gzip
 import http.client
 import json
+import zlib
 from typing import Any
 
 import grpc
@@ -58,7 +61,17 @@ def _flat(output: dict[str, Any]) -> dict[str, Any]:
     return output
 
 
+def _decoded(headers: http.client.HTTPMessage, body: bytes) -> tuple[str | None, bytes]:
+    coding = (headers.get("Content-Encoding") or "").strip().lower() or None
+    if coding == "gzip":
+        return coding, gzip.decompress(body)
+    if coding == "deflate":
+        return coding, zlib.decompress(body)
+    return coding, body
+
+
 def http_view(case: HttpCase, status: int, headers: http.client.HTTPMessage, body: bytes) -> dict[str, Any]:
+    coding, body = _decoded(headers, body)
     media = (headers.get("Content-Type") or "").split(";")[0].strip().lower()
     header_length = headers.get("Inference-Header-Content-Length")
     view: dict[str, Any] = {
