@@ -582,6 +582,8 @@ def _model_cases() -> list[HttpCase]:
             ),
         ),
     ]
+    for model in ("args", "args_default"):
+        cases.append(_case(f"{model}/initialize", model, js({"inputs": [jtensor("IN", "INT32", [1], [0])]})))
     for code in (0, 1, 2, 3, 4, 5, 6, 7, 8, 99):
         cases.append(
             _case(

@@ -15,7 +15,9 @@ is a ``model.py``; each one runs unchanged on Triton and on Naiad. What each mod
 - ``cached``: ``response_cache``; ``COUNT`` counts the executions of this instance, so an
   answer from the cache repeats an old count;
 - ``failing``: ``CODE`` picks a ``TritonError`` code per request, 99 raises in ``execute``;
-- ``ens``: an ensemble of two ``add_sub`` steps.
+- ``ens``: an ensemble of two ``add_sub`` steps;
+- ``args``, ``args_default`` (no instance group): answer ``initialize``'s ``args`` and the
+  ``model_config`` they hold.
 """
 
 from __future__ import annotations
@@ -227,6 +229,36 @@ class TritonPythonModel:
         return responses
 """
 
+ARGS_CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [
+  { name: "ARGS" data_type: TYPE_STRING dims: [ -1 ] },
+  { name: "CONFIG" data_type: TYPE_STRING dims: [ 1 ] }
+]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+"""
+
+#: ``initialize``'s ``args`` (but the repository path, which differs) and its model_config.
+ARGS_PY = """
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        skip = ("model_repository", "model_config")
+        self.args = sorted(f"{k}={v}" for k, v in args.items() if k not in skip)
+        self.config = json.dumps(json.loads(args["model_config"]), sort_keys=True)
+
+    def execute(self, requests):
+        args = np.array([a.encode() for a in self.args], dtype=np.object_)
+        config = np.array([self.config.encode()], dtype=np.object_)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("ARGS", args), pb_utils.Tensor("CONFIG", config)])
+                for _ in requests]
+"""
+
 ENSEMBLE_CONFIG = """
 platform: "ensemble"
 max_batch_size: 0
@@ -282,4 +314,11 @@ def build_repository(root: pathlib.Path) -> pathlib.Path:
     _model(root, "cached", CACHED_CONFIG, CACHED_PY)
     _model(root, "failing", FAILING_CONFIG, FAILING_PY)
     _model(root, "ens", ENSEMBLE_CONFIG, None)
+    _model(root, "args", ARGS_CONFIG, ARGS_PY)
+    _model(
+        root,
+        "args_default",
+        ARGS_CONFIG.replace("instance_group [ { count: 1 kind: KIND_CPU } ]", ""),
+        ARGS_PY,
+    )
     return root

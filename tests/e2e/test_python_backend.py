@@ -115,7 +115,7 @@ def test_initialize_args_and_request_fields(client):
     assert all(isinstance(value, str) for value in args.values())
     assert (args["model_name"], args["model_version"]) == ("inspect_args", "1")
     assert (args["model_instance_kind"], args["model_instance_device_id"]) == ("CPU", "0")
-    assert args["model_instance_name"] == "inspect_args_0_0"
+    assert args["model_instance_name"] == "inspect_args_0"  # no instance_group: Triton's name
     assert (Path(args["model_repository"]) / "1" / "model.py").is_file()
     config = json.loads(args["model_config"])  # Triton's JSON: proto names, ints, defaults
     assert config["name"] == "inspect_args" and config["max_batch_size"] == 0

@@ -10,9 +10,11 @@ imports :mod:`triton_python_backend_utils`. Here:
   runs with Triton's ``args``, every value a string: ``model_config`` (the completed config,
   :func:`repository_store.completed_config`, as Triton's JSON,
   :func:`repository_store.config_to_triton_json`), ``model_instance_kind``
-  (``CPU``/``GPU``), ``model_instance_name`` (``<group>_<index>``, the group defaulting to
-  ``<model>_0``), ``model_instance_device_id``, ``model_repository`` (the model's folder, here
-  in the worker's download cache), ``model_version`` and ``model_name``.
+  (``CPU``/``GPU``), ``model_instance_name`` (``<group>_<index>``, the group named as in
+  the completed config: ``<model>`` without instance groups, ``<model>_<n>`` for an unnamed one;
+  checked against Triton by ``tests/differential``), ``model_instance_device_id``,
+  ``model_repository`` (the model's folder, here in the worker's download cache),
+  ``model_version`` and ``model_name``.
 - **Execute**: :meth:`PythonBackend.execute_requests` hands the model the *list* of requests
   of one dynamic batch (no merging) and gets one response per request. A response with an
   ``error`` fails that request only, its status from the error's code (Triton's HTTP server:
@@ -113,11 +115,11 @@ def instance_args(version_dir: Path, config: mc.ModelConfig, device: str) -> dic
     (``device`` ``cuda`` and ``CUDA_VISIBLE_DEVICES`` naming a device, which is then 0)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
     gpu = device == "cuda" and visible not in ("", "-1")
-    group = config.instance_group[0].name if config.instance_group else ""
+    completed = completed_config(config)
     return {
-        "model_config": json.dumps(config_to_triton_json(completed_config(config))),
+        "model_config": json.dumps(config_to_triton_json(completed)),
         "model_instance_kind": "GPU" if gpu else "CPU",
-        "model_instance_name": f"{group or config.name + '_0'}_0",
+        "model_instance_name": f"{completed.instance_group[0].name}_0",
         "model_instance_device_id": "0",
         "model_repository": str(version_dir.parent.absolute()),
         "model_version": version_dir.name,
