@@ -285,14 +285,18 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelStreamInferResponse:
         try:
-            return pb.ModelStreamInferResponse(infer_response=await self.ModelInfer(request, context))
+            reply = pb.ModelStreamInferResponse(infer_response=await self.ModelInfer(request, context))
         except Exception as exc:
             _, message = status_of(exc, "ModelStreamInfer")
             # The id lets a client of the raw stub match the error to its request.
             echo = pb.ModelInferResponse(
                 id=request.id, model_name=request.model_name, model_version=request.model_version
             )
-            return pb.ModelStreamInferResponse(error_message=message, infer_response=echo)
+            reply = pb.ModelStreamInferResponse(error_message=message, infer_response=echo)
+        # Each answer is its request's last, flagged as Triton flags them (decoupled clients
+        # such as tritonclient's stream wait for it).
+        reply.infer_response.parameters["triton_final_response"].bool_param = True
+        return reply
 
     SystemSharedMemoryStatus = _unsupported("the system shared memory extension")
     SystemSharedMemoryRegister = _unsupported("the system shared memory extension")

@@ -828,6 +828,21 @@ def grpc_cases() -> list[GrpcCase]:
             ),
         ),
     ]
+    failing = [grpc_infer("failing", [(_grpc_input("CODE", "INT32", [1]), raw("INT32", [c]))], id=f"s{c}")
+               for c in (0, 4, 99)]  # fmt: skip
+    cases += [
+        GrpcCase("stream/good", "ModelStreamInfer", [grpc_infer("add_sub", add(), id="a"), class_request]),
+        GrpcCase("stream/errors", "ModelStreamInfer", failing),
+        GrpcCase(
+            "stream/bad_requests",
+            "ModelStreamInfer",
+            [
+                grpc_infer("nope", [(_grpc_input("IN", "FP32", [1]), raw("FP32", [1]))], id="x"),
+                grpc_infer("identity", [], id="y"),
+                grpc_infer("identity", [(_grpc_input("IN_FP32", "FP32", [1, 3]), fp32)], id="z"),
+            ],
+        ),  # fmt: skip
+    ]
     for code in (0, 1, 2, 3, 4, 5, 6, 7, 8, 99):
         cases.append(
             GrpcCase(

@@ -113,7 +113,25 @@ def _grpc_outputs(response: dict[str, Any], raw: list[bytes]) -> None:
     response["outputs"] = {o["name"]: o for o in outputs}
 
 
+def _stream(stub: service_pb2_grpc.GRPCInferenceServiceStub, case: GrpcCase) -> dict[str, Any]:
+    """``ModelStreamInfer`` of ``case.message`` (a list of requests): each streamed answer's
+    error message (reduced, as over HTTP) or response."""
+    answers = []
+    for reply in stub.ModelStreamInfer(iter(case.message), timeout=TIMEOUT_S):
+        response = json_format.MessageToDict(reply.infer_response, preserving_proto_field_name=True)
+        response.pop("raw_output_contents", None)
+        _grpc_outputs(response, list(reply.infer_response.raw_output_contents))
+        answers.append({"error": MESSAGE if reply.error_message else "", "response": response})
+    # Answers come as requests finish, in no set order: matched by their request ids.
+    return {"code": "OK", "response": sorted(answers, key=lambda a: a["response"].get("id", ""))}
+
+
 def send_grpc(stub: service_pb2_grpc.GRPCInferenceServiceStub, case: GrpcCase) -> dict[str, Any]:
+    if case.method == "ModelStreamInfer":
+        try:
+            return _stream(stub, case)
+        except grpc.RpcError as exc:
+            return {"code": exc.code().name, "response": None}
     try:
         reply = getattr(stub, case.method)(case.message, timeout=TIMEOUT_S)
     except grpc.RpcError as exc:
