@@ -9,12 +9,14 @@ libraries on ``LD_LIBRARY_PATH``. A missing venv fails the suite: it never skips
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import shutil
 import subprocess
 from dataclasses import dataclass
 
+import psutil
 import requests
 from naiad_harness import free_port, wait_for
 
@@ -42,6 +44,8 @@ class TritonServer:
     http_port: int
     grpc_port: int
     log_path: pathlib.Path
+    backends: pathlib.Path
+    """This server's private backend folder: its stub processes run from there."""
 
     @property
     def http(self) -> str:
@@ -61,6 +65,8 @@ class TritonServer:
         )
 
     def stop(self) -> None:
+        """SIGTERM (SIGKILL after 30 s), then kill any Python-backend stub of this server left
+        behind (a Triton that died leaves its stubs running)."""
         if self.process.poll() is None:
             self.process.terminate()
             try:
@@ -68,6 +74,15 @@ class TritonServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        stubs = [
+            p
+            for p in psutil.process_iter(["cmdline"])
+            if str(self.backends) in " ".join(p.info["cmdline"] or [])
+        ]
+        for stub in stubs:
+            with contextlib.suppress(psutil.Error):
+                stub.kill()
+        psutil.wait_procs(stubs, timeout=10)
 
 
 def _backends(home: pathlib.Path, workdir: pathlib.Path) -> pathlib.Path:
@@ -104,10 +119,11 @@ def start_triton(repository: pathlib.Path, workdir: pathlib.Path, cache_bytes: i
     }
     env.pop("PYTHONPATH", None)
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
+    backends = _backends(home, workdir)
     args = [
         str(home / "bin" / "tritonserver"),
         "--model-repository", str(repository),
-        "--backend-directory", str(_backends(home, workdir)),
+        "--backend-directory", str(backends),
         "--cache-directory", str(home / "caches"),
         "--cache-config", f"local,size={cache_bytes}",
         "--http-port", str(http_port), "--grpc-port", str(grpc_port),
@@ -118,7 +134,7 @@ def start_triton(repository: pathlib.Path, workdir: pathlib.Path, cache_bytes: i
     log_path = workdir / "triton.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
-    server = TritonServer(process, http_port, grpc_port, log_path)
+    server = TritonServer(process, http_port, grpc_port, log_path, backends)
     try:
         wait_for(lambda: _ready(server), READY_TIMEOUT_S, "tritonserver /v2/health/ready == 200")
     except BaseException:
