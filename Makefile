@@ -6,8 +6,12 @@ REPO ?= model_repository
 # Extra `naiad serve` flags: make serve SERVE_ARGS="--http-port 9000 --grpc-port 9001"
 SERVE_ARGS ?=
 SILERO_VAD := silero-vad==6.2.3
+# Real Triton (tritonserver 2.51 + its Python backend) for tests/differential, in its own venv:
+# its pins (grpcio, protobuf, numpy) are not ours. A venv that cannot be made fails `make test`.
+TRITON_VENV := .venv-triton
+PYTRITON := nvidia-pytriton==0.7.0
 
-.PHONY: serve test demo install repo lint clean bench-setup bench-overhead bench-throughput bench-peers bench-coldstart bench-cache bench-profile
+.PHONY: serve test demo install triton-venv repo lint clean bench-setup bench-overhead bench-throughput bench-peers bench-coldstart bench-cache bench-profile
 
 $(BIN)/naiad: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +23,14 @@ $(BIN)/naiad: pyproject.toml
 
 install: $(BIN)/naiad
 
+$(TRITON_VENV)/.installed-$(PYTRITON):
+	rm -rf $(TRITON_VENV)
+	$(PYTHON) -m venv $(TRITON_VENV)
+	$(TRITON_VENV)/bin/pip install -q $(PYTRITON)
+	touch '$@'
+
+triton-venv: $(TRITON_VENV)/.installed-$(PYTRITON)
+
 repo: install
 	$(BIN)/python examples/build_repository.py $(REPO)
 
@@ -28,7 +40,7 @@ serve: repo
 demo: repo
 	$(BIN)/python examples/demo.py --model-repository $(REPO)
 
-test: install
+test: install triton-venv
 	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && apt-get update -qq && apt-get install -y -qq chromium; } || echo "chromium not installed: the status page's browser test will be skipped"
 	$(BIN)/python -m pytest -q
 
@@ -49,4 +61,4 @@ lint: install
 	$(BIN)/ruff check .
 
 clean:
-	rm -rf $(VENV) $(REPO) .naiad-cache
+	rm -rf $(VENV) $(TRITON_VENV) $(REPO) .naiad-cache

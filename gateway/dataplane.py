@@ -42,7 +42,14 @@ from naiad.ids import fresh_id
 from naiad.inference import InferRequest, InferResponse
 from naiad.queue_policy import Placement
 from naiad.stats_writer import StatsWriter
-from repository_store import ModelEntry, backend_of, config_to_triton_json, parse_config_json
+from repository_store import (
+    ModelConfig,
+    ModelEntry,
+    backend_of,
+    completed_config,
+    config_to_triton_json,
+    parse_config_json,
+)
 from repository_store.ensemble import is_ensemble
 
 logger = logging.getLogger(__name__)
@@ -173,7 +180,9 @@ class DataPlane:
         return True
 
     async def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
-        entry, _ = await self.resolve(name, version)
+        """KServe v2 model metadata; ``versions`` lists the served versions, or only the one
+        asked for (Triton's answer to ``.../versions/N``)."""
+        entry, resolved = await self.resolve(name, version)
         config = entry.config
 
         def tensors(specs: Any) -> list[dict[str, Any]]:
@@ -188,17 +197,22 @@ class DataPlane:
 
         return {
             "name": name,
-            "versions": [str(v) for v in entry.versions],
+            "versions": [str(v) for v in (entry.versions if not version else [resolved])],
             "platform": PLATFORMS[backend_of(config)],
             "inputs": tensors(config.input),
             "outputs": tensors(config.output),
         }
 
-    async def model_config(self, name: str, version: str = "") -> dict[str, Any]:
-        """The config as Triton's HTTP ``GET v2/models/<name>/config`` returns it
-        (:func:`repository_store.config_to_triton_json`: 64-bit integers as JSON numbers)."""
+    async def model_config(self, name: str, version: str = "") -> ModelConfig:
+        """The completed config Triton's model configuration extension returns
+        (:func:`repository_store.completed_config`)."""
         entry, _ = await self.resolve(name, version)
-        return config_to_triton_json(entry.config)
+        return completed_config(entry.config)
+
+    async def model_config_json(self, name: str, version: str = "") -> dict[str, Any]:
+        """:meth:`model_config` as Triton's HTTP ``GET v2/models/<name>/config`` writes it
+        (:func:`repository_store.config_to_triton_json`: 64-bit integers as JSON numbers)."""
+        return config_to_triton_json(await self.model_config(name, version))
 
     async def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         """Triton's repository index: one ``{name, version, state, reason}`` per model

@@ -232,8 +232,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return to_model_metadata(await self._dp.model_metadata(request.name, request.version))
 
     async def ModelConfig(self, request: pb.ModelConfigRequest, context: Any) -> pb.ModelConfigResponse:
-        entry, _ = await self._dp.resolve(request.name, request.version)
-        return pb.ModelConfigResponse(config=entry.config)
+        return pb.ModelConfigResponse(config=await self._dp.model_config(request.name, request.version))
 
     async def ModelStatistics(
         self, request: pb.ModelStatisticsRequest, context: Any
@@ -291,14 +290,18 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelStreamInferResponse:
         try:
-            return pb.ModelStreamInferResponse(infer_response=await self.ModelInfer(request, context))
+            reply = pb.ModelStreamInferResponse(infer_response=await self.ModelInfer(request, context))
         except Exception as exc:
             _, message = status_of(exc, "ModelStreamInfer")
             # The id lets a client of the raw stub match the error to its request.
             echo = pb.ModelInferResponse(
                 id=request.id, model_name=request.model_name, model_version=request.model_version
             )
-            return pb.ModelStreamInferResponse(error_message=message, infer_response=echo)
+            reply = pb.ModelStreamInferResponse(error_message=message, infer_response=echo)
+        # Each answer is its request's last, flagged as Triton flags them (decoupled clients
+        # such as tritonclient's stream wait for it).
+        reply.infer_response.parameters["triton_final_response"].bool_param = True
+        return reply
 
     async def SystemSharedMemoryStatus(
         self, request: pb.SystemSharedMemoryStatusRequest, context: Any

@@ -26,7 +26,7 @@ from redis.exceptions import RedisError
 
 from gateway.access import HTTP_GROUPS, AccessPolicy
 from gateway.dataplane import DataPlane
-from gateway.http_codec import HEADER_LENGTH, parse_infer_request, render_infer_response
+from gateway.http_codec import HEADER_LENGTH, parse_infer_request, parse_raw_request, render_infer_response
 from gateway.http_encoding import COMPRESS_MIN_BYTES, accepted_coding, compress, decode_body
 from gateway.shared_memory import unsupported_cuda
 from gateway.status_page import render_page
@@ -125,7 +125,7 @@ async def model_ready(request: web.Request) -> web.Response:
 
 
 async def model_config(request: web.Request) -> web.Response:
-    return web.json_response(await _dp(request).model_config(*_model(request)))
+    return web.json_response(await _dp(request).model_config_json(*_model(request)))
 
 
 async def model_statistics(request: web.Request) -> web.Response:
@@ -169,10 +169,13 @@ async def _infer(request: web.Request) -> web.Response:
     dp = _dp(request)
     entry, version = await dp.resolve(*_model(request))
     body = await read_body(request)
-    infer_request = await _off_loop(
-        len(body), parse_infer_request, body, _header_length(request), entry.name, version,
-        dp.shared_memory,
-    )
+    header_length = _header_length(request)
+    if header_length == 0 and entry.config is not None:  # a Raw Binary Request
+        infer_request = parse_raw_request(body, entry.config, entry.name, version)
+    else:
+        infer_request = await _off_loop(
+            len(body), parse_infer_request, body, header_length, entry.name, version, dp.shared_memory
+        )
     response = await dp.infer(infer_request)
     payload, headers = render_infer_response(response, infer_request)
     # Inference-Header-Content-Length keeps counting uncompressed bytes: tritonclient
@@ -213,7 +216,9 @@ async def repository_index(request: web.Request) -> web.Response:
     ready = (await _json_object(request)).get("ready", False)
     if not isinstance(ready, bool):
         raise InvalidInput("'ready' must be a boolean")
-    return web.json_response(await _dp(request).repository_index(ready))
+    rows = await _dp(request).repository_index(ready)
+    # Triton writes "reason" only when there is one.
+    return web.json_response([{k: v for k, v in row.items() if k != "reason" or v} for row in rows])
 
 
 async def repository_load(request: web.Request) -> web.Response:

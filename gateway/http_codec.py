@@ -6,7 +6,9 @@ lists; BYTES as strings). Binary tensors follow Triton's binary tensor data exte
 the JSON header's size, each binary input carries ``parameters.binary_data_size`` and its
 bytes follow the header in input order; outputs are binary when asked per output
 (``parameters.binary_data``) or for all by the request parameter ``binary_data_output``;
-a BF16/FP16 tensor cannot be JSON (Triton answers 400).
+a BF16/FP16 tensor cannot be JSON, either way (Triton's 400 and messages). Both flags must
+be JSON booleans. A "Raw Binary Request" (``Inference-Header-Content-Length: 0``) is the
+bytes of a one-input model's only input (:func:`parse_raw_request`).
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ import json
 from typing import Any
 
 import numpy as np
+from tritonclient.grpc import model_config_pb2 as mc
 
 from gateway.shared_memory import SystemSharedMemory, read_tensor, shared_memory_outputs, shared_memory_ref
 from naiad.datatypes import BINARY_ONLY, element_count, from_bytes, numpy_dtype, to_bytes
 from naiad.errors import InvalidInput
 from naiad.inference import InferRequest, InferResponse, RequestedOutput, Tensor
+from naiad.validation import wire_datatype
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 MAX_DIMS = 64
@@ -47,6 +51,16 @@ def _object(value: Any, what: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise InvalidInput(f"{what} must be a JSON object")
     return value
+
+
+def _scalars(parameters: dict[str, Any]) -> dict[str, Any]:
+    """``parameters`` if every value is a KServe v2 ``$parameter`` (a boolean, number or
+    string); InvalidInput naming the first that is not (Triton refuses them too)."""
+    for key, value in parameters.items():
+        if not isinstance(value, str | int | float):
+            raise InvalidInput(f"parameter '{key}' has invalid type: it must be a boolean, a number "
+                               "or a string")  # fmt: skip
+    return parameters
 
 
 def _shape(raw: Any, name: str) -> list[int]:
@@ -97,9 +111,13 @@ def _numbers(data: Any, dtype: np.dtype) -> np.ndarray:
     return cast
 
 
+#: Triton's message for an input with more than one source of data (HTTP server, 2.51).
+
+
 def _json_data(name: str, datatype: str, data: Any, shape: list[int]) -> np.ndarray:
     if datatype in BINARY_ONLY:
-        raise InvalidInput(f"input '{name}': {datatype} data must use the binary extension")
+        raise InvalidInput(f"receiving {datatype} data via JSON is not supported. Please use the "
+                           f"binary data format for input {name}")  # fmt: skip
     try:
         if datatype == "BYTES":
             flat = np.array(data, dtype=np.object_).reshape(-1)
@@ -142,8 +160,8 @@ def _input(
     shape = _shape(spec.get("shape"), name)
     params = _object(spec.get("parameters"), f"input '{name}' parameters")
     size, region = params.get("binary_data_size"), shared_memory_ref(params, name)
-    if region is not None:
-        _only_one_source(name, "data" in spec, size is not None, True)
+    if region is not None or (size is not None and "data" in spec):
+        _only_one_source(name, "data" in spec, size is not None, region is not None)
         return Tensor(name, datatype, shape, read_tensor(shm, region, name, datatype, shape)), offset
     if size is None:
         if "data" not in spec:
@@ -157,11 +175,21 @@ def _input(
     return Tensor(name, datatype, shape, data), offset + size
 
 
+def _flag(value: Any, what: str) -> bool | None:
+    """A boolean parameter of the binary extension (``binary_data``, ``binary_data_output``):
+    ``None`` when absent; InvalidInput for anything but JSON ``true``/``false`` (the extension
+    defines a bool; Triton refuses the string ``"false"`` too, with 500 where the spec
+    wants 400)."""
+    if value is None or isinstance(value, bool):
+        return value
+    raise InvalidInput(f"{what} must be a boolean, got {json.dumps(value)}")
+
+
 def _requested_output(spec: Any) -> RequestedOutput:
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
         raise InvalidInput("each requested output must be an object with a 'name'")
     params = _object(spec.get("parameters"), f"output '{spec['name']}' parameters")
-    binary = params.get("binary_data")
+    binary = _flag(params.get("binary_data"), f"output '{spec['name']}': 'binary_data'")
     class_count = params.get("classification", 0)
     if not isinstance(class_count, int) or class_count < 0:
         raise InvalidInput(f"output '{spec['name']}': classification must be a non-negative integer")
@@ -170,7 +198,7 @@ def _requested_output(spec: Any) -> RequestedOutput:
         raise InvalidInput("Output can't set both 'shared_memory_region' and 'classification'")
     if region is not None and binary is True:
         raise InvalidInput("Output can't set both 'shared_memory_region' and 'binary_data'")
-    return RequestedOutput(spec["name"], None if binary is None else bool(binary), class_count, region)
+    return RequestedOutput(spec["name"], binary, class_count, region)
 
 
 def parse_infer_request(
@@ -197,14 +225,42 @@ def parse_infer_request(
     if not isinstance(output_specs, list):
         raise InvalidInput("'outputs' must be a list")
     outputs = [_requested_output(spec) for spec in output_specs]
-    parameters = _object(header.get("parameters"), "'parameters'")
+    parameters = _scalars(_object(header.get("parameters"), "'parameters'"))
+    _flag(parameters.get("binary_data_output"), "'binary_data_output'")
     request_id = header.get("id", "")
     if not isinstance(request_id, str):
         raise InvalidInput("'id' must be a string")
     return InferRequest(model, version, inputs, outputs, request_id, parameters)
 
 
+def parse_raw_request(body: bytes, config: mc.ModelConfig, model: str, version: int) -> InferRequest:
+    """A "Raw Binary Request" (binary data extension: ``Inference-Header-Content-Length: 0``):
+    the whole body is the bytes of the model's only input, its datatype and ``dims`` from the
+    configuration (a batch of 1 in front when the model batches); every output is sent back
+    binary, as Triton does. Raises :class:`InvalidInput` for a model with other than one
+    input, variable dims, or a body whose size does not fit them."""
+    if len(config.input) != 1:
+        raise InvalidInput(f"raw binary request needs a model with exactly one input; model "
+                           f"'{model}' has {len(config.input)}")  # fmt: skip
+    spec = config.input[0]
+    dims = list(spec.dims)
+    shape = ([1] if config.max_batch_size > 0 else []) + dims
+    datatype = wire_datatype(spec.data_type)
+    if any(d < 0 for d in shape):
+        raise InvalidInput(f"raw binary request: input '{spec.name}' of model '{model}' has "
+                           f"variable dims {dims}")  # fmt: skip
+    try:
+        data = from_bytes(body, datatype, shape)
+    except InvalidInput as exc:
+        raise InvalidInput(f"raw binary request: {exc.message}") from None
+    tensor = Tensor(spec.name, datatype, shape, data)
+    return InferRequest(model, version, [tensor], [], "", {"binary_data_output": True})
+
+
 def _json_values(tensor: Tensor) -> list[Any]:
+    if tensor.datatype in BINARY_ONLY:
+        raise InvalidInput(f"sending {tensor.datatype} data via JSON is not supported. Please use "
+                           "the binary data format for output")  # fmt: skip
     if tensor.datatype == "BYTES":
         try:
             return [bytes(item).decode() for item in tensor.data.reshape(-1)]
@@ -224,7 +280,7 @@ def render_infer_response(
     An output is binary when its request entry says ``binary_data: true``, or, when it says
     nothing, when the request parameter ``binary_data_output`` is true (Triton's rule).
     """
-    default_binary = bool(request.parameters.get("binary_data_output", False))
+    default_binary = bool(_flag(request.parameters.get("binary_data_output"), "'binary_data_output'"))
     wanted = {output.name: output for output in request.outputs}
     in_regions = shared_memory_outputs(request)
     outputs, chunks = [], []
@@ -247,7 +303,7 @@ def render_infer_response(
         body["parameters"] = response.parameters
     body["outputs"] = outputs
     head = json.dumps(body).encode()
-    if not chunks:
+    if not any(chunks):  # binary outputs of 0 bytes only: plain JSON, as from Triton
         return head, {"Content-Type": "application/json"}
     headers = {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(len(head))}
     return b"".join([head, *chunks]), headers

@@ -27,6 +27,14 @@ class InvalidInput(NaiadError):
     status = HTTPStatus.BAD_REQUEST
 
 
+class AlreadyExists(InvalidInput):
+    """A Python model's ``TritonError.ALREADY_EXISTS``: 400, gRPC ALREADY_EXISTS (Triton)."""
+
+
+class UnknownError(InvalidInput):
+    """A Python model's ``TritonError.UNKNOWN``: 400, gRPC UNKNOWN (Triton)."""
+
+
 class ModelNotFound(NaiadError):
     """No such model, or no such version of it (404)."""
 
@@ -138,6 +146,8 @@ GRPC_CODES: dict[type[NaiadError], str] = {
     NaiadError: "INTERNAL",
     InvalidInput: "INVALID_ARGUMENT",
     ConfigError: "INVALID_ARGUMENT",
+    AlreadyExists: "ALREADY_EXISTS",
+    UnknownError: "UNKNOWN",
     ModelNotFound: "NOT_FOUND",
     AlreadyExists: "ALREADY_EXISTS",
     RegionNotFound: "NOT_FOUND",
@@ -160,6 +170,8 @@ ERRORS_BY_NAME: dict[str, type[NaiadError]] = {
     for cls in (
         NaiadError,
         InvalidInput,
+        AlreadyExists,
+        UnknownError,
         ModelNotFound,
         ModelNotReady,
         Unavailable,

@@ -144,8 +144,12 @@ def request_durations(counters: dict[str, int], version: int) -> Histogram:
 
 def add_cache(pipe: Pipeline, model: str, version: int, hit: bool, duration_ns: int) -> None:
     """Queue one response-cache lookup on ``pipe``: a hit (duration: looking up and reading
-    the entry, or waiting for a coalesced leader) or a miss (looking up and storing)."""
+    the entry, or waiting for a coalesced leader) or a miss (looking up and storing). A hit
+    also counts in ``queue`` (the extension: its count "includes cache hits"), with no time:
+    it never waited in a queue."""
     _incr(pipe, keys.stats(model), f"{version}:", "cache_hit" if hit else "cache_miss", 1, duration_ns)
+    if hit:
+        _incr(pipe, keys.stats(model), f"{version}:", "queue", 1, 0)
 
 
 def _duration(counters: dict[str, int], prefix: str, kind: str) -> dict[str, int]:
@@ -185,6 +189,9 @@ def model_stat(name: str, version: int, counters: dict[str, int]) -> dict[str, A
             {"batch_size": size, **{p: _duration(counters, f"{v}batch:{size}:", p) for p in PHASES}}
             for size in _batch_sizes(counters, version)
         ],
+        # As Triton 2.51 writes them for a model that is not decoupled and reports no memory.
+        "response_stats": {},
+        "memory_usage": [],
     }
 
 

@@ -5,6 +5,7 @@ from repository_store.cache import ModelCache, PullStats, verify_file
 from repository_store.config import (
     ModelConfig,
     backend_of,
+    completed_config,
     config_to_triton_json,
     default_model_filename,
     parse_config,
@@ -46,6 +47,7 @@ __all__ = [
     "RepositoryURI",
     "S3Store",
     "backend_of",
+    "completed_config",
     "config_to_triton_json",
     "default_model_filename",
     "index_model",

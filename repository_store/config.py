@@ -119,6 +119,55 @@ def default_model_filename(cfg: ModelConfig) -> str:
     return _DEFAULT_FILENAMES[backend]
 
 
+#: Backend -> the platform Triton fills in beside it (and back), as its core's config completion.
+_PLATFORM_OF = {"onnxruntime": "onnxruntime_onnx", "pytorch": "pytorch_libtorch",
+                "tensorflow": "tensorflow_savedmodel"}  # fmt: skip
+
+
+def completed_config(cfg: ModelConfig) -> ModelConfig:
+    """A copy of a valid ``cfg`` with the defaults Triton fills in before it serves a model
+    (core ``model_config_utils.cc`` ``NormalizeModelConfig`` and the backend's completion),
+    which its model configuration endpoint returns and a Python model's ``args`` hold:
+    ``version_policy`` latest 1; for a model that is not an ensemble the platform of a known
+    backend and the backend of a platform, ``default_model_filename``, ``optimization`` with
+    pinned input and output memory, and instance groups named ``<model>`` (none configured:
+    one CPU instance) or ``<model>_<index>``, ``count`` 1 when 0 and ``KIND_AUTO`` as
+    ``KIND_CPU`` (the gateway does not know its workers' devices; on a GPU machine Triton
+    says ``KIND_GPU``); for an ensemble ``model_transaction_policy``. Compared field by field
+    with Triton 2.51's answer by ``tests/differential``.
+
+    :raises ConfigError: as :func:`backend_of`.
+    """
+    out = ModelConfig()
+    out.CopyFrom(cfg)
+    if not out.HasField("version_policy"):
+        out.version_policy.latest.num_versions = 1
+    backend = backend_of(cfg)
+    if backend == "ensemble":
+        out.model_transaction_policy.decoupled = cfg.model_transaction_policy.decoupled
+        return out
+    out.platform = out.platform or _PLATFORM_OF.get(backend, "")
+    out.backend = out.backend or backend
+    out.default_model_filename = default_model_filename(cfg)
+    for field in ("input_pinned_memory", "output_pinned_memory"):
+        if not out.optimization.HasField(field):
+            getattr(out.optimization, field).enable = True
+    _complete_instance_groups(out)
+    return out
+
+
+def _complete_instance_groups(cfg: ModelConfig) -> None:
+    groups = cfg.instance_group
+    if not groups:
+        groups.add(name=cfg.name, kind=model_config_pb2.ModelInstanceGroup.KIND_CPU, count=1)
+        return
+    for index, group in enumerate(groups):
+        group.name = group.name or f"{cfg.name}_{index}"
+        group.count = group.count or 1
+        if group.kind == model_config_pb2.ModelInstanceGroup.KIND_AUTO:
+            group.kind = model_config_pb2.ModelInstanceGroup.KIND_CPU
+
+
 def validate_config(cfg: ModelConfig) -> None:
     """Check a parsed config the way Triton does before loading.
 

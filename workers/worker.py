@@ -53,6 +53,12 @@ from workers.replies import REDIS_BACKOFF_S, ReplySender
 
 logger = logging.getLogger(__name__)
 
+#: Redis checks blocked clients' timeouts only every ``1000/hz`` ms (100 ms at the default
+#: ``hz 10``): a blocking claim while a batch waits ends this much before the batching delay.
+BLOCK_MARGIN_S = 0.11
+#: The step of the sleep-and-claim rounds of a short batching wait (seconds).
+WAIT_STEP_S = 0.001
+
 
 @dataclass(frozen=True)
 class Prepared:
@@ -243,19 +249,31 @@ class Worker:
         """Dynamic batching: the batch to run and the requests whose queue timeout passed
         under REJECT (either may be empty, not both). While the batcher wants to wait (for a
         preferred batch size within ``max_queue_delay_microseconds``, or a queue timeout), it
-        sleeps and claims what came meanwhile.
-
-        The wait is an asyncio sleep, not ``XREADGROUP BLOCK``: Redis checks blocked clients'
-        timeouts only every ``1000/hz`` ms (100 ms at the default ``hz 10``), far coarser
-        than a batching delay of a few milliseconds.
+        claims what comes meanwhile (:meth:`_wait_for_more`) and asks the batcher again.
         """
         assert self.batcher is not None
         while True:
             batch, rejected, wait_s = self._due(time.time())
             if batch or rejected or not len(self.batcher):
                 return batch, rejected
+            await self._wait_for_more(wait_s)
+
+    async def _wait_for_more(self, wait_s: float) -> None:
+        """Claim what arrives within ``wait_s`` seconds, returning as soon as something does,
+        so a preferred batch size is sent the moment it can be formed (Triton batcher.md).
+        A long wait blocks on the streams (Redis answers at the first arrival) for all but
+        :data:`BLOCK_MARGIN_S` of it (a blocked read may wake that late); the rest, and a
+        short wait, is slept in steps of :data:`WAIT_STEP_S` with a claim after each."""
+        assert self.batcher is not None
+        room = self.batcher.room
+        if not room:
             await asyncio.sleep(wait_s)
-            self.batcher.add(await self.queue.read(self.batcher.room, None))
+        elif wait_s > 2 * BLOCK_MARGIN_S:
+            block_s = min(wait_s - BLOCK_MARGIN_S, 1.0)  # the client's longest block
+            self.batcher.add(await self.queue.read(room, int(block_s * 1000)))
+        else:
+            await asyncio.sleep(min(wait_s, WAIT_STEP_S))
+            self.batcher.add(await self.queue.read(room, None))
 
     def _due(
         self, now: float, flush: bool = False

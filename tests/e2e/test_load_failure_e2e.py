@@ -128,7 +128,7 @@ def test_a_failed_load_stays_unavailable_until_loaded_again(naiad_server, reposi
         assert client.is_model_ready("bad")
     finally:
         client.close()
-    assert index_entry(server) == {"name": "bad", "version": "1", "state": "READY", "reason": ""}
+    assert index_entry(server) == {"name": "bad", "version": "1", "state": "READY"}  # no reason: none
     np.testing.assert_array_equal(infer_http(server), infer_http(server, "digits"))
     wait_for(lambda: starts(server) > started, 10, "a worker for the loaded model")
 
@@ -194,5 +194,5 @@ def test_an_explicit_load_fails_at_once_with_the_load_error(naiad_server, reposi
     finally:
         http.close()
         grpc.close()
-    assert index_entry(server) == {"name": "bad", "version": "1", "state": "READY", "reason": ""}
+    assert index_entry(server) == {"name": "bad", "version": "1", "state": "READY"}  # no reason: none
     np.testing.assert_array_equal(infer_http(server), infer_http(server, "digits"))

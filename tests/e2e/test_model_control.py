@@ -88,7 +88,7 @@ def test_none_mode_indexes_everything_and_refuses_load_unload(naiad_server):
     server = naiad_server()
     listed = index(server)
     for name in ("digits", "silero_vad"):
-        assert listed[name] == {"name": name, "version": "1", "state": "READY", "reason": ""}
+        assert listed[name] == {"name": name, "version": "1", "state": "READY"}  # no reason: none
     only_ready = requests.post(f"{server.http}/v2/repository/index", json={"ready": True}, timeout=5)
     assert only_ready.status_code == 200 and {m["name"] for m in only_ready.json()} >= {"digits"}
     assert "model_repository" in requests.get(f"{server.http}/v2", timeout=5).json()["extensions"]

@@ -115,7 +115,7 @@ def test_initialize_args_and_request_fields(client):
     assert all(isinstance(value, str) for value in args.values())
     assert (args["model_name"], args["model_version"]) == ("inspect_args", "1")
     assert (args["model_instance_kind"], args["model_instance_device_id"]) == ("CPU", "0")
-    assert args["model_instance_name"] == "inspect_args_0_0"
+    assert args["model_instance_name"] == "inspect_args_0"  # no instance_group: Triton's name
     assert (Path(args["model_repository"]) / "1" / "model.py").is_file()
     config = json.loads(args["model_config"])  # Triton's JSON: proto names, ints, defaults
     assert config["name"] == "inspect_args" and config["max_batch_size"] == 0
@@ -298,8 +298,12 @@ def test_finalize_runs_when_the_worker_exits(tmp_path, example_repository):
     ],
 )  # fmt: skip
 def test_outputs_that_contradict_the_config_fail_the_request(client, mode, message):
+    """Outputs named by the request: each must be there (a request naming none gets what the
+    model gave, as from Triton)."""
     x = np.arange(4, dtype=np.float32).reshape(1, 4)
-    error = failure(lambda: client.infer("misbehaving", [tensor("X", x, "FP32")], parameters={"mode": mode}))
+    named = [httpclient.InferRequestedOutput(name) for name in ("Y", "Z")]
+    error = failure(lambda: client.infer("misbehaving", [tensor("X", x, "FP32")], outputs=named,
+                                         parameters={"mode": mode}))  # fmt: skip
     assert (error.status(), error.message()) == ("500", message)
 
 

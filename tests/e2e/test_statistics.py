@@ -84,6 +84,8 @@ def from_message(response) -> list[dict]:
                 {"batch_size": b.batch_size, **{p: duration(getattr(b, p)) for p in PHASES}}
                 for b in s.batch_stats
             ],
+            "response_stats": dict(s.response_stats),
+            "memory_usage": list(s.memory_usage),
         }
         for s in response.model_stats
     ]

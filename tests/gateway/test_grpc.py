@@ -86,10 +86,15 @@ def test_model_metadata(client):
     ]
 
 
-def test_model_config_is_the_parsed_config_pbtxt(client, example_repository):
+def test_model_config_is_the_completed_config_pbtxt(client, example_repository):
     text = (example_repository / "digits" / "config.pbtxt").read_text()
-    expected = text_format.Parse(text, model_config_pb2.ModelConfig())
-    assert client.get_model_config("digits").config == expected
+    parsed = text_format.Parse(text, model_config_pb2.ModelConfig())
+    config = client.get_model_config("digits").config
+    assert config.input == parsed.input and config.output == parsed.output
+    assert config.max_batch_size == parsed.max_batch_size
+    assert config.version_policy.latest.num_versions == 1  # Triton's default, filled in
+    assert config.default_model_filename == "model.onnx"
+    assert config.platform == "onnxruntime_onnx" and config.backend == "onnxruntime"
 
 
 def test_digits_holdout_equals_onnxruntime(client, digits_onnx, digits_holdout):

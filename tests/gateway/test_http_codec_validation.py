@@ -9,7 +9,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from gateway.http_codec import HEADER_LENGTH, parse_infer_request, render_infer_response
+from gateway.http_codec import HEADER_LENGTH, parse_infer_request, parse_raw_request, render_infer_response
 from gateway.validation import client_shape, validate_request, wire_datatype
 from naiad.errors import InvalidInput
 from naiad.inference import InferRequest, InferResponse, RequestedOutput, Tensor
@@ -168,6 +168,91 @@ def test_render_binary_bytes_and_non_utf8():
     assert header["outputs"][1]["parameters"] == {"binary_data_size": 5} and tail == b"\x01\0\0\0\xff"
     with pytest.raises(InvalidInput):
         render_infer_response(response, InferRequest("m", 1, [], [RequestedOutput("s", binary=False)]))
+
+
+@pytest.mark.parametrize("datatype", ["FP16", "BF16"])
+def test_render_refuses_fp16_and_bf16_as_json_with_tritons_message(datatype):
+    tensor = Tensor("h", datatype, [1], np.zeros(1, np.float16 if datatype == "FP16" else np.uint16))
+    with pytest.raises(InvalidInput, match=f"^sending {datatype} data via JSON is not supported. Please use "
+                                           "the binary data format for output$"):  # fmt: skip
+        render_infer_response(InferResponse("m", 1, [tensor]), InferRequest("m", 1, [], []))
+    payload, headers = render_infer_response(
+        InferResponse("m", 1, [tensor]), InferRequest("m", 1, [], [RequestedOutput("h", binary=True)])
+    )
+    assert split_body(payload, headers)[1] == tensor.data.tobytes()
+
+
+@pytest.mark.parametrize("value", ["false", "true", 1, 0, [True]])
+def test_binary_flags_must_be_booleans(value):
+    """binary_data_output and binary_data are bools (the binary extension); Triton refuses
+    the string "false" (with 500; 400 here)."""
+    inputs = [spec(data=[1, 2])]
+    output = {"name": "o", "parameters": {"binary_data": value}}
+    for header in ({"inputs": inputs, "parameters": {"binary_data_output": value}},
+                   {"inputs": inputs, "outputs": [output]}):  # fmt: skip
+        with pytest.raises(InvalidInput, match="must be a boolean"):
+            parse_infer_request(json.dumps(header).encode(), None, "m", 1)
+
+
+@pytest.mark.parametrize("value", [{"a": 1}, [1], None])
+def test_request_parameters_must_be_scalars(value):
+    body = json.dumps({"inputs": [spec(data=[1, 2])], "parameters": {"custom": value}}).encode()
+    with pytest.raises(InvalidInput, match="parameter 'custom' has invalid type"):
+        parse_infer_request(body, None, "m", 1)
+    for fine in (True, 3, 1.5, "x"):
+        body = json.dumps({"inputs": [spec(data=[1, 2])], "parameters": {"custom": fine}}).encode()
+        assert parse_infer_request(body, None, "m", 1).parameters == {"custom": fine}
+
+
+def test_data_and_binary_data_size_together_are_refused_with_tritons_message():
+    body, length = binary({"inputs": [spec(data=[1, 2], parameters={"binary_data_size": 8})]}, bytes(8))
+    with pytest.raises(InvalidInput, match=r"^Input must set only one of the following fields: 'data', "
+                                           r"'binary_data_size' in 'parameters', 'shared_memory_region' in "
+                                           r"'parameters'. But set 'data' 'binary_data_size'$"):  # fmt: skip
+        parse_infer_request(body, length, "m", 1)
+
+
+def test_an_empty_binary_output_is_plain_json():
+    tensor = Tensor("e", "FP32", [1, 0], np.zeros((1, 0), np.float32))
+    payload, headers = render_infer_response(InferResponse("m", 1, [tensor]), InferRequest(
+        "m", 1, [], [], parameters={"binary_data_output": True}))  # fmt: skip
+    assert HEADER_LENGTH not in headers and headers["Content-Type"] == "application/json"
+    assert json.loads(payload)["outputs"][0]["parameters"] == {"binary_data_size": 0}
+
+
+RAW_ONE = text_format.Parse(
+    """name: "r" max_batch_size: 4
+    input [ { name: "x" data_type: TYPE_INT32 dims: [ 2 ] } ]
+    output [ { name: "y" data_type: TYPE_INT32 dims: [ 2 ] } ]""",
+    mc.ModelConfig(),
+)
+
+
+def test_raw_binary_request_is_the_only_inputs_bytes():
+    request = parse_raw_request(np.array([3, -4], "<i4").tobytes(), RAW_ONE, "r", 2)
+    (tensor,) = request.inputs
+    assert (tensor.name, tensor.datatype, tensor.shape) == ("x", "INT32", [1, 2])
+    assert tensor.data.tolist() == [[3, -4]]
+    assert request.parameters == {"binary_data_output": True} and request.version == 2
+    nobatch = mc.ModelConfig()
+    nobatch.CopyFrom(RAW_ONE)
+    nobatch.max_batch_size = 0
+    assert parse_raw_request(bytes(8), nobatch, "r", 1).inputs[0].shape == [2]
+
+
+@pytest.mark.parametrize(
+    ("config", "body", "message"),
+    [
+        ("two", bytes(8), "exactly one input"),
+        ("one", bytes(12), "raw binary request: tensor data has 12 bytes"),
+        ("one", b"", "raw binary request: tensor data has 0 bytes"),
+        ("variable", bytes(8), "variable dims"),
+    ],
+)
+def test_raw_binary_request_refusals(config, body, message):
+    configs = {"one": RAW_ONE, "two": DIGITS, "variable": NOBATCH}
+    with pytest.raises(InvalidInput, match=message):
+        parse_raw_request(body, configs[config], "r", 1)
 
 
 # --- validation ------------------------------------------------------------------------------

@@ -143,3 +143,29 @@ def test_stats_writer_groups_concurrent_requests_into_the_same_counters(redis_ur
     assert g["inference_stats"]["success"] == {"count": 3, "ns": 600}
     assert g["execution_count"] == 2 and g["inference_stats"]["fail"] == {"count": 1, "ns": 50}
     assert {**g, "name": "o"} == o
+
+
+async def _record_cache(url: str) -> None:
+    redis = connect(url)
+    try:
+        async with redis.pipeline(transaction=False) as pipe:
+            stats.add_execution(pipe, "c", stats.Execution(1, 1, [30], _phases(1, 2, 3), 1000))
+            stats.add_cache(pipe, "c", 1, False, 40)
+            stats.add_cache(pipe, "c", 1, True, 5)
+            stats.add_cache(pipe, "c", 1, True, 7)
+            await pipe.execute()
+    finally:
+        await redis.aclose()
+
+
+def test_queue_count_includes_cache_hits(redis_url):
+    """The statistics extension: the queue "count and cumulative duration includes cache
+    hits"; a hit never queued, so it adds to the count and nothing to the duration."""
+    asyncio.run(_record_cache(redis_url))
+    (v1,) = asyncio.run(_read(redis_url, [("c", [1])]))
+    inference = v1["inference_stats"]
+    assert inference["queue"] == {"count": 3, "ns": 30}
+    assert inference["cache_hit"] == {"count": 2, "ns": 12}
+    assert inference["cache_miss"] == {"count": 1, "ns": 40}
+    assert v1["execution_count"] == 1 and inference["compute_infer"]["count"] == 1
+    assert v1["response_stats"] == {} and v1["memory_usage"] == []

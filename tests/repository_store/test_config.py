@@ -7,6 +7,7 @@ from tritonclient.grpc import model_config_pb2
 from naiad.errors import ConfigError
 from repository_store import (
     backend_of,
+    completed_config,
     config_to_triton_json,
     default_model_filename,
     parse_config,
@@ -155,3 +156,36 @@ def test_config_json_uses_proto_field_names_and_numbers() -> None:
     assert data["input"][0]["data_type"] == "TYPE_FP32"
     assert data["input"][0]["dims"] == [4]
     assert data["dynamic_batching"]["max_queue_delay_microseconds"] == 100
+
+
+def test_completed_config_fills_in_tritons_defaults():
+    """The fields Triton 2.51 adds (tests/differential compares them with its answer)."""
+    done = config_to_triton_json(completed_config(cfg_of('backend: "python" max_batch_size: 2')))
+    assert done["version_policy"] == {"latest": {"num_versions": 1}}
+    assert done["default_model_filename"] == "model.py" and done["platform"] == ""
+    assert done["instance_group"] == [{"name": "m", "kind": "KIND_CPU", "count": 1, "gpus": [],
+                                       "secondary_devices": [], "profile": [], "passive": False,
+                                       "host_policy": ""}]  # fmt: skip
+    assert done["optimization"]["input_pinned_memory"] == {"enable": True}
+    assert done["optimization"]["output_pinned_memory"] == {"enable": True}
+
+
+def test_completed_config_keeps_what_is_given():
+    given = cfg_of("""backend: "onnxruntime" version_policy: { all { } }
+        instance_group [ { kind: KIND_AUTO }, { name: "g" count: 3 kind: KIND_GPU gpus: [ 0 ] } ]
+        optimization { input_pinned_memory { enable: false } }""")
+    done = completed_config(given)
+    assert done.platform == "onnxruntime_onnx" and done.HasField("version_policy")
+    assert done.version_policy.WhichOneof("policy_choice") == "all"
+    assert [(g.name, g.count, g.kind) for g in done.instance_group] == [
+        ("m_0", 1, model_config_pb2.ModelInstanceGroup.KIND_CPU),
+        ("g", 3, model_config_pb2.ModelInstanceGroup.KIND_GPU),
+    ]
+    assert not done.optimization.input_pinned_memory.enable and done.optimization.output_pinned_memory.enable
+    assert not given.HasField("optimization") or not given.optimization.output_pinned_memory.enable  # a copy
+
+
+def test_completed_config_of_an_ensemble():
+    done = completed_config(cfg_of(ENSEMBLE_CONFIG, "ens"))
+    assert done.HasField("model_transaction_policy") and not done.instance_group
+    assert not done.default_model_filename and not done.HasField("optimization")

@@ -202,6 +202,16 @@ RETURNS = """
 """
 
 
+@pytest.mark.parametrize(("tensors", "names"), [('[pb_utils.Tensor("W", x), pb_utils.Tensor("Z", z)]', ["Z"]),
+                                                ("[]", [])])  # fmt: skip
+def test_a_request_naming_no_outputs_gets_the_declared_ones_given(tmp_path, tensors, names):
+    """As from Triton (checked by tests/differential): its core asks for every declared
+    output, the stub prunes to those, and what the model did not produce is left out."""
+    backend = load(write_model(tmp_path, "m", RETURNS.replace("{tensors}", tensors)))
+    (result,) = backend.execute_requests([request(1.0)])
+    assert [t.name for t in result] == names
+
+
 @pytest.mark.parametrize(
     ("tensors", "message"),
     [
@@ -224,7 +234,7 @@ RETURNS = """
 )  # fmt: skip
 def test_outputs_that_contradict_the_config_fail_their_request(tmp_path, tensors, message):
     backend = load(write_model(tmp_path, "m", RETURNS.replace("{tensors}", tensors)))
-    (result,) = backend.execute_requests([request(1.0)])
+    (result,) = backend.execute_requests([request(1.0, outputs=("Y", "Z"))])
     assert isinstance(result, InferenceFailed) and result.status == HTTPStatus.INTERNAL_SERVER_ERROR
     assert message in result.message
 

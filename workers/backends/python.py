@@ -7,11 +7,14 @@ imports :mod:`triton_python_backend_utils`. Here:
 
 - **Load**: the file is imported under a unique module name with its version folder on
   ``sys.path`` (as Triton's stub does, so sibling modules import), then ``initialize(args)``
-  runs with Triton's ``args``, every value a string: ``model_config`` (the config as
-  Triton's JSON, :func:`repository_store.config_to_triton_json`), ``model_instance_kind``
-  (``CPU``/``GPU``), ``model_instance_name`` (``<group>_<index>``, the group defaulting to
-  ``<model>_0``), ``model_instance_device_id``, ``model_repository`` (the model's folder, here
-  in the worker's download cache), ``model_version`` and ``model_name``.
+  runs with Triton's ``args``, every value a string: ``model_config`` (the completed config,
+  :func:`repository_store.completed_config`, as Triton's JSON,
+  :func:`repository_store.config_to_triton_json`), ``model_instance_kind``
+  (``CPU``/``GPU``), ``model_instance_name`` (``<group>_<index>``, the group named as in
+  the completed config: ``<model>`` without instance groups, ``<model>_<n>`` for an unnamed one;
+  checked against Triton by ``tests/differential``), ``model_instance_device_id``,
+  ``model_repository`` (the model's folder, here in the worker's download cache),
+  ``model_version`` and ``model_name``.
 - **Execute**: :meth:`PythonBackend.execute_requests` hands the model the *list* of requests
   of one dynamic batch (no merging) and gets one response per request. A response with an
   ``error`` fails that request only, its status from the error's code (Triton's HTTP server:
@@ -24,8 +27,9 @@ imports :mod:`triton_python_backend_utils`. Here:
   ``InferResponse::PruneOutputTensors``), so an output the config does not declare never
   reaches a client. Each one sent is checked against its config entry (:func:`output_fault`):
   a datatype or shape (``reshape.shape`` when given, else ``dims``, the request's batch size
-  in front when the model batches) that contradicts it, or a requested output missing from
-  the response, fails that request (500) with a message naming the output. Triton's Python
+  in front when the model batches) that contradicts it, or an output the client named that is
+  missing from the response, fails that request (500) with a message naming the output (a
+  request naming none gets the declared outputs the model gave, as from Triton). Triton's Python
   backend passes such outputs through unchecked; its framework backends reject them
   ("configuration expects datatype ... for output ..."), which is what a client relies on.
 - **Finalize**: :meth:`PythonBackend.close` calls ``finalize()`` when the worker exits.
@@ -54,6 +58,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 import triton_python_backend_utils as pb_utils
 from naiad.datatypes import datatype_of, datatype_to_config
 from naiad.errors import (
+    AlreadyExists,
     DeadlineExceeded,
     InferenceFailed,
     InvalidInput,
@@ -61,10 +66,11 @@ from naiad.errors import (
     ModelNotReady,
     NaiadError,
     Unavailable,
+    UnknownError,
     Unsupported,
 )
 from naiad.inference import InferRequest, Tensor
-from repository_store import config_to_triton_json, default_model_filename
+from repository_store import completed_config, config_to_triton_json, default_model_filename
 
 logger = logging.getLogger(__name__)
 
@@ -74,13 +80,13 @@ RESERVED_PARAMETERS = frozenset({"timeout", "priority", "binary_data_output"})
 
 #: TritonError code -> the Naiad error a client gets (HTTP status as Triton's HTTP server).
 _ERRORS_BY_CODE: dict[int, type[NaiadError]] = {
-    pb_utils.TritonError.UNKNOWN: InvalidInput,
+    pb_utils.TritonError.UNKNOWN: UnknownError,
     pb_utils.TritonError.INTERNAL: InferenceFailed,
     pb_utils.TritonError.NOT_FOUND: ModelNotFound,
     pb_utils.TritonError.INVALID_ARG: InvalidInput,
     pb_utils.TritonError.UNAVAILABLE: Unavailable,
     pb_utils.TritonError.UNSUPPORTED: Unsupported,
-    pb_utils.TritonError.ALREADY_EXISTS: InvalidInput,
+    pb_utils.TritonError.ALREADY_EXISTS: AlreadyExists,
     pb_utils.TritonError.CANCELLED: InvalidInput,
 }
 
@@ -109,11 +115,11 @@ def instance_args(version_dir: Path, config: mc.ModelConfig, device: str) -> dic
     (``device`` ``cuda`` and ``CUDA_VISIBLE_DEVICES`` naming a device, which is then 0)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
     gpu = device == "cuda" and visible not in ("", "-1")
-    group = config.instance_group[0].name if config.instance_group else ""
+    completed = completed_config(config)
     return {
-        "model_config": json.dumps(config_to_triton_json(config)),
+        "model_config": json.dumps(config_to_triton_json(completed)),
         "model_instance_kind": "GPU" if gpu else "CPU",
-        "model_instance_name": f"{group or config.name + '_0'}_0",
+        "model_instance_name": f"{completed.instance_group[0].name}_0",
         "model_instance_device_id": "0",
         "model_repository": str(version_dir.parent.absolute()),
         "model_version": version_dir.name,
@@ -215,7 +221,8 @@ class PythonBackend:
         pb_requests = [self._request(r) for r in requests]
         responses = self._execute(pb_requests)
         triples = zip(responses, pb_requests, requests, strict=True)
-        return [self._outputs(response, pb, self._rows(request)) for response, pb, request in triples]
+        return [self._outputs(response, pb, self._rows(request), bool(request.outputs))
+                for response, pb, request in triples]  # fmt: skip
 
     def _rows(self, request: InferRequest) -> int | None:
         """The request's batch size when the model batches (its inputs' first dimension)."""
@@ -265,10 +272,13 @@ class PythonBackend:
         return array
 
     def _outputs(
-        self, response: pb_utils.InferenceResponse, request: pb_utils.InferenceRequest, rows: int | None
+        self, response: pb_utils.InferenceResponse, request: pb_utils.InferenceRequest,
+        rows: int | None, named: bool = True,
     ) -> list[Tensor] | NaiadError:
         """The requested outputs of ``response``, checked against the config (Triton's
-        pruning: the others are dropped), or the error that fails the request."""
+        pruning: the others are dropped), or the error that fails the request. ``named``:
+        the client named its outputs, so each must be there; otherwise every declared
+        output the model gave goes back (Triton sends what the model produced)."""
         if response.has_error():
             return naiad_error(response.error())
         wanted = request.requested_output_names()
@@ -276,7 +286,7 @@ class PythonBackend:
         for tensor in response.output_tensors():
             given.setdefault(tensor.name(), tensor)
         missing = [name for name in wanted if name not in given]
-        if missing:
+        if missing and named:
             return InferenceFailed(self._missing_message(missing, given))
         outputs = []
         for name in [n for n in given if n in wanted]:
