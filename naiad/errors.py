@@ -28,7 +28,8 @@ class InvalidInput(NaiadError):
 
 
 class AlreadyExists(InvalidInput):
-    """A Python model's ``TritonError.ALREADY_EXISTS``: 400, gRPC ALREADY_EXISTS (Triton)."""
+    """A name that is taken (a shared memory region registered twice), or a Python model's
+    ``TritonError.ALREADY_EXISTS``: 400, gRPC ALREADY_EXISTS (as Triton)."""
 
 
 class UnknownError(InvalidInput):
@@ -39,11 +40,6 @@ class ModelNotFound(NaiadError):
     """No such model, or no such version of it (404)."""
 
     status = HTTPStatus.NOT_FOUND
-
-
-class AlreadyExists(InvalidInput):
-    """A name that is taken, e.g. a shared memory region registered twice (400, as Triton's
-    HTTP answers ``ALREADY_EXISTS``; ALREADY_EXISTS over gRPC)."""
 
 
 class RegionNotFound(NaiadError):
@@ -149,7 +145,6 @@ GRPC_CODES: dict[type[NaiadError], str] = {
     AlreadyExists: "ALREADY_EXISTS",
     UnknownError: "UNKNOWN",
     ModelNotFound: "NOT_FOUND",
-    AlreadyExists: "ALREADY_EXISTS",
     RegionNotFound: "NOT_FOUND",
     ModelNotReady: "UNAVAILABLE",
     Unavailable: "UNAVAILABLE",
@@ -183,7 +178,6 @@ ERRORS_BY_NAME: dict[str, type[NaiadError]] = {
         InferenceFailed,
         RepositoryError,
         ConfigError,
-        AlreadyExists,
         RegionNotFound,
     )
 }
