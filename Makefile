@@ -46,7 +46,7 @@ test: install triton-venv
 
 # Benchmarks (docs/benchmarks.md). bench-setup: MLServer and KServe in their own venvs under .bench/.
 bench-setup: install
-	bash bench/peers/setup.sh
+	PYTRITON=$(PYTRITON) bash bench/peers/setup.sh
 
 bench-overhead bench-throughput bench-coldstart bench-cache: install
 	$(BIN)/python -m bench.scenarios $(@:bench-%=%) $(BENCH_ARGS)

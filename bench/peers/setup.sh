@@ -30,7 +30,7 @@ make_venv() {
 
 make_venv mlserver "mlserver==1.7.1" "$ORT_REQ"
 make_venv kserve "kserve==0.21.0" "$ORT_REQ"
-make_venv triton "nvidia-pytriton==0.7.0" "$ORT_REQ"
+make_venv triton "${PYTRITON:-nvidia-pytriton==0.7.0}" "$ORT_REQ"  # the Makefile passes its PYTRITON
 # Smoke checks: each imports its server and its runtime module.
 PYTHONPATH=$ROOT/bench/peers "$VENVS/mlserver/bin/python" -c 'import mlserver_onnx, mlserver; print("mlserver", mlserver.__version__)'
 "$VENVS/kserve/bin/python" -c 'import kserve, onnxruntime; print("kserve ok, onnxruntime", onnxruntime.__version__)'

@@ -288,7 +288,8 @@ def start_triton(repository: Path, workdir: Path, models: Sequence[str], name: s
     http, grpc, metrics = free_port(), free_port(), free_port()
     load = [arg for model in models for arg in ("--load-model", model)]
     extra = ["--model-control-mode", "explicit", *load, "--log-info", "false"]
-    args = triton.command(venv, repository, workdir / name, http, grpc, metrics, extra)
+    backends = triton.backend_directory(triton.triton_home(venv), workdir / name)
+    args = triton.command(venv, repository, backends, http, grpc, metrics, extra)
     env = triton.environment(venv)
     return _start(name, args, workdir, http, grpc, models, env=env, replace_env=True)
 

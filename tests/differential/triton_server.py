@@ -1,10 +1,8 @@
 """Start and stop real Triton 2.51 (the ``nvidia-pytriton`` wheel's ``tritonserver``).
 
 The wheel lives in its own venv (``.venv-triton`` at the project root, made by ``make
-triton-venv``; ``NAIAD_TRITON_VENV`` names another). As the wheel's own launcher does, the
-Python backend's stub is copied next to ``libtriton_python.so`` in a private backend folder,
-the venv's ``bin/`` goes first on ``PATH`` (the stub runs its Python) and the wheel's bundled
-libraries on ``LD_LIBRARY_PATH``. A missing venv fails the suite: it never skips.
+triton-venv``; ``NAIAD_TRITON_VENV`` names another), started as :mod:`bench.peers.triton`
+says (the one place for that). A missing venv fails the suite: it never skips.
 """
 
 from __future__ import annotations
@@ -12,13 +10,14 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
-import shutil
 import subprocess
 from dataclasses import dataclass
 
 import psutil
 import requests
 from naiad_harness import free_port, wait_for
+
+from bench.peers import triton
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 60.0
@@ -30,12 +29,11 @@ def triton_venv() -> pathlib.Path:
 
 def triton_home(venv: pathlib.Path) -> pathlib.Path:
     """The wheel's ``pytriton/tritonserver`` folder; AssertionError (never a skip) if absent."""
-    found = sorted(venv.glob("lib/python3.*/site-packages/pytriton/tritonserver/bin/tritonserver"))
-    assert found, (
-        f"real Triton is missing: no tritonserver under {venv} (run `make triton-venv`, which "
-        "installs nvidia-pytriton==0.7.0 from PyPI; `make test` does it first)"
-    )
-    return found[0].parents[1]
+    try:
+        return triton.triton_home(venv)
+    except triton.TritonMissing as exc:
+        raise AssertionError(f"real Triton is missing: {exc} (run `make triton-venv`, which installs "
+                             "nvidia-pytriton from PyPI; `make test` does it first)") from None
 
 
 @dataclass
@@ -85,18 +83,6 @@ class TritonServer:
         psutil.wait_procs(stubs, timeout=10)
 
 
-def _backends(home: pathlib.Path, workdir: pathlib.Path) -> pathlib.Path:
-    """A backend folder with the Python backend and the stub for the venv's Python (the
-    ``python3.X`` folder the wheel is installed under)."""
-    backends = workdir / "backends"
-    python = backends / "python"
-    shutil.copytree(home / "backends" / "python", python)
-    version = home.parents[2].name.removeprefix("python")  # lib/python3.X/site-packages/pytriton/...
-    stub = home / "python_backend_stubs" / version / "triton_python_backend_stub"
-    shutil.copy2(stub, python / stub.name)
-    return backends
-
-
 def _ready(server: TritonServer) -> bool:
     assert server.process.poll() is None, f"tritonserver exited:\n{server.errors()}"
     try:
@@ -111,26 +97,11 @@ def start_triton(repository: pathlib.Path, workdir: pathlib.Path, cache_bytes: i
     venv = triton_venv()
     home = triton_home(venv)
     workdir.mkdir(parents=True, exist_ok=True)
-    libs = sorted(venv.glob("lib/python3.*/site-packages/nvidia_pytriton.libs"))
-    env = {
-        **os.environ,
-        "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
-        "LD_LIBRARY_PATH": os.pathsep.join(str(p) for p in libs),
-    }
-    env.pop("PYTHONPATH", None)
+    env = triton.environment(venv)
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
-    backends = _backends(home, workdir)
-    args = [
-        str(home / "bin" / "tritonserver"),
-        "--model-repository", str(repository),
-        "--backend-directory", str(backends),
-        "--cache-directory", str(home / "caches"),
-        "--cache-config", f"local,size={cache_bytes}",
-        "--http-port", str(http_port), "--grpc-port", str(grpc_port),
-        "--metrics-port", str(metrics_port),
-        "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
-        "--exit-timeout-secs", "5",
-    ]  # fmt: skip
+    backends = triton.backend_directory(home, workdir)
+    extra = ["--cache-config", f"local,size={cache_bytes}"]
+    args = triton.command(venv, repository, backends, http_port, grpc_port, metrics_port, extra)
     log_path = workdir / "triton.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
