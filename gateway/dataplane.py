@@ -24,7 +24,7 @@ from redis.exceptions import RedisError
 from gateway.classification import classify
 from gateway.dispatcher import QueueDispatcher
 from gateway.ensemble import EnsembleScheduler
-from gateway.registry import ModelRegistry
+from gateway.registry import UNLOADED, ModelRegistry
 from gateway.response_cache import CacheTrace, ResponseCache
 from gateway.validation import client_shape, validate_request, wire_datatype
 from naiad import __version__, logs, queue_policy, stats, tracing
@@ -73,6 +73,23 @@ def check_scheduling_parameters(parameters: dict[str, Any]) -> None:
             continue
         if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**64:
             raise InvalidInput(f"parameter '{name}' must be a non-negative integer, got {value!r}")
+
+
+def index_rows(entry: ModelEntry) -> list[dict[str, str]]:
+    """Triton's repository index rows of one model: one ``{name, version, state, reason}``
+    per version it serves or failed to load (ascending), a failed one UNAVAILABLE with its
+    own reason; ``version`` absent when none is known. A model that keeps serving after a
+    failed change has READY rows whose ``reason`` says what failed."""
+    versions = sorted({*entry.versions, *entry.failed})
+    if not versions:
+        return [{"name": entry.name, "state": entry.state, "reason": entry.reason}]
+    rows = []
+    for version in versions:
+        state, reason = entry.state, entry.reason
+        if version in entry.failed:
+            state, reason = "UNAVAILABLE", entry.failed[version]
+        rows.append({"name": entry.name, "version": str(version), "state": state, "reason": reason})
+    return rows
 
 
 class DataPlane:
@@ -141,26 +158,42 @@ class DataPlane:
         """The registry entry and the version number a request addresses.
 
         An empty ``version`` means the newest version the policy serves. Raises
-        :class:`ModelNotFound` (unknown model or version), :class:`InvalidInput`
-        (non-numeric version), :class:`ModelNotReady` (broken config or files).
+        :class:`ModelNotFound` (unknown model or version, or a model unloaded in explicit
+        mode: Triton answers NOT_FOUND to those), :class:`InvalidInput` (non-numeric
+        version), :class:`ModelNotReady` (broken config or files).
         """
         entry = await self.registry.get(name)
+        if not entry.ready and entry.reason == UNLOADED:
+            raise ModelNotFound(f"Request for unknown model: '{name}' is not found")
         if entry.state != "READY" or entry.config is None:
             raise ModelNotReady(f"model '{name}' is not ready: {entry.reason}")
         if not version:
             return entry, max(entry.versions)
         if not (version.isascii() and version.isdigit() and len(version) <= 18):
             raise InvalidInput(f"model version must be a positive integer, got '{version}'")
+        if int(version) in entry.failed:
+            raise ModelNotReady(f"model '{name}' version {version} is not ready: {entry.failed[int(version)]}")
         if int(version) not in entry.versions:
             raise ModelNotFound(f"model '{name}' has no version {version}")
         return entry, int(version)
 
     async def model_ready(self, name: str, version: str = "") -> bool:
+        return not await self.model_readiness(name, version)
+
+    async def model_readiness(self, name: str, version: str = "") -> str:
+        """"" when model ``name`` (``version``: that one) can serve, else why not: the
+        reason metadata and the repository index give. Raises :class:`ModelNotFound` for a
+        model the repository does not hold, :class:`InvalidInput` for a malformed version."""
         try:
             await self.resolve(name, version)
-        except ModelNotReady:
-            return False
-        return True
+        except ModelNotReady as exc:
+            return exc.message
+        except ModelNotFound as exc:
+            entry = await self.registry.get(name)  # unknown model: raises again
+            if entry.reason == UNLOADED and not entry.ready:
+                return f"model '{name}' is not ready: {UNLOADED}"
+            raise exc from None
+        return ""
 
     async def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
         entry, _ = await self.resolve(name, version)
@@ -191,18 +224,10 @@ class DataPlane:
         return config_to_triton_json(entry.config)
 
     async def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
-        """Triton's repository index: one ``{name, version, state, reason}`` per model
-        (``version``: the newest served one, absent when none is known)."""
+        """Triton's repository index (:func:`index_rows`), of every model or the READY rows."""
         await self.registry.sync()
-        index = []
-        for entry in self.registry.entries():
-            if ready_only and not entry.ready:
-                continue
-            item = {"name": entry.name, "state": entry.state, "reason": entry.reason}
-            if entry.versions:
-                item["version"] = str(max(entry.versions))
-            index.append(item)
-        return index
+        rows = [row for entry in self.registry.entries() for row in index_rows(entry)]
+        return [row for row in rows if row["state"] == "READY"] if ready_only else rows
 
     def _check_model_control(self) -> None:
         if self.model_control_mode == "poll":
@@ -226,8 +251,8 @@ class DataPlane:
             raise InvalidInput("load parameter 'config' must be a string holding a JSON model config")
         override = parse_config_json(config, name) if config else None
         entry = await self.registry.load(name, override)
-        if not entry.ready:
-            raise ModelNotReady(f"failed to load '{name}': {entry.reason}")
+        if entry.problem:  # not loaded, or a version failed: what served before still serves
+            raise ModelNotReady(f"failed to load '{name}': {entry.problem}")
 
     async def unload_model(self, name: str, parameters: dict[str, Any]) -> None:
         """Unload ``name``: not ready, requests refused, its workers drain and exit.

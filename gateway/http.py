@@ -120,7 +120,8 @@ async def model_metadata(request: web.Request) -> web.Response:
 
 
 async def model_ready(request: web.Request) -> web.Response:
-    return _status(await _dp(request).model_ready(*_model(request)))
+    reason = await _dp(request).model_readiness(*_model(request))  # Triton: 400 with no reason
+    return web.Response(status=200) if not reason else error_response(HTTPStatus.BAD_REQUEST, reason)
 
 
 async def model_config(request: web.Request) -> web.Response:

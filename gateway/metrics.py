@@ -17,7 +17,8 @@ serves every version, so it is reported under the newest). Of this machine: ``nv
 ``naiad_cold_starts_total``, ``naiad_cold_start_seconds`` (histogram),
 ``naiad_warm_pool_claims_total``, ``naiad_model_download_bytes_total``,
 ``naiad_model_download_seconds_total``, ``naiad_model_loads_total``,
-``naiad_model_load_seconds_total`` and ``naiad_scaler_decisions_total`` (label ``action``).
+``naiad_model_load_seconds_total``, ``naiad_model_load_failures_total`` and
+``naiad_scaler_decisions_total`` (label ``action``).
 
 prometheus_client's exposition names a counter's HELP/TYPE lines ``<name>_total``; Triton's
 counters carry no such suffix, so :func:`render` writes a counter's lines under the name its
@@ -171,6 +172,9 @@ def _naiad_families(models: list[telemetry.ModelTelemetry]) -> Iterable[Metric]:
                                     lambda m: m.loads),
         "naiad_model_load_seconds_total": ("Seconds spent loading model versions into a backend, "
                                            "after the pull.", lambda m: m.load_seconds),
+        "naiad_model_load_failures_total": ("Changes of the model (poll, explicit load, worker load) that "
+                                            "failed to index or load; what served before keeps serving.",
+                                            lambda m: m.load_failures),
     }  # fmt: skip
     for name, (documentation, read) in counters.items():
         family = counter(name, documentation)

@@ -38,12 +38,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from naiad import keys
+from naiad import keys, telemetry
 from naiad.errors import ModelNotFound, RepositoryError
 from repository_store import (
     UNAVAILABLE,
@@ -53,6 +54,7 @@ from repository_store import (
     index_model,
     index_models,
     index_repository,
+    keep_last_good,
     resolve_ensembles,
 )
 from repository_store.ensemble import composing_models, is_ensemble
@@ -135,21 +137,48 @@ class ModelRegistry:
         logger.info("explicit model control: loaded %s", ", ".join(sorted(loaded)) or "no model")
 
     async def poll(self) -> bool:
-        """Re-index the models whose files changed since the last poll (fingerprints) and
-        write only the entries that differ (new, changed and removed models) with one
-        generation bump; nothing at all when nothing changed. True if something did.
-        Raises RepositoryError if the repository is unreachable (the next poll retries)."""
+        """Re-index the models whose files changed since the last poll (fingerprints),
+        load-check the changed ones, and write only the entries that differ (new, changed and
+        removed models) with one generation bump; nothing at all when nothing changed. A
+        change that fails leaves what was serving serving (:func:`keep_last_good`). True if
+        something was written. Raises RepositoryError if the repository is unreachable (the
+        next poll retries)."""
         prints = await asyncio.to_thread(self.store.fingerprints)
         known = {name.decode() for name in await self.redis.hkeys(keys.REGISTRY)}
         stale = sorted(n for n, p in prints.items() if self._fingerprints.get(n) != p or n not in known)
         self.last_poll_indexed = stale
         fresh = await asyncio.to_thread(index_models, self.store, stale) if stale else {}
         current = await self._read(stale)
-        changed = {n: e for n, e in fresh.items() if current.get(n) != e}
+        changed: dict[str, ModelEntry] = {}
+        failures: dict[str, str] = {}
+        for name, entry in fresh.items():
+            if current.get(name) == entry:
+                continue
+            candidate = await self._checked(entry)
+            settled = keep_last_good(current.get(name), candidate)
+            if settled != current.get(name):
+                changed[name] = settled
+                if candidate.problem:
+                    failures[name] = candidate.problem
         removed = sorted(known - set(prints))
         if not changed and not removed:
             self._fingerprints = prints
             return False
+        await self._write(changed, removed, failures)
+        self._fingerprints = prints  # only once written: a failed write is retried next poll
+        for name, entry in sorted(changed.items()):
+            verb = "changed" if name in current else "added"
+            log = logger.warning if name in failures else logger.info
+            log("model '%s' %s: %s %s", name, verb, entry.state, entry.problem)
+        for name in removed:
+            logger.info("model '%s' removed from the repository", name)
+        await self.sync()
+        return True
+
+    async def _write(self, changed: dict[str, ModelEntry], removed: Sequence[str] = (),
+                     failures: dict[str, str] | None = None) -> None:  # fmt: skip
+        """Write ``changed`` entries, delete ``removed`` ones and bump the generation in one
+        transaction, counting one load failure for each model of ``failures``."""
         async with self.redis.pipeline(transaction=True) as pipe:
             if changed:
                 pipe.hset(keys.REGISTRY, mapping={n: e.to_bytes() for n, e in changed.items()})
@@ -157,40 +186,43 @@ class ModelRegistry:
                 pipe.hdel(keys.REGISTRY, *removed)
             pipe.incr(GENERATION)
             await pipe.execute()
-        self._fingerprints = prints  # only once written: a failed write is retried next poll
-        for name, entry in sorted(changed.items()):
-            verb = "changed" if name in current else "added"
-            logger.info("model '%s' %s: %s %s", name, verb, entry.state, entry.reason)
-        for name in removed:
-            logger.info("model '%s' removed from the repository", name)
-        await self.sync()
-        return True
+        if failures:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for name in failures:
+                    telemetry.add_load_failure(pipe, name)
+                await pipe.execute()
 
     async def load(self, name: str, config: ModelConfig | None = None) -> ModelEntry:
         """Re-read model ``name`` from the repository (``config`` replacing its config.pbtxt),
         load it (and the composing models indexed with an ensemble) with ``load_check``, and
-        publish the result, READY or UNAVAILABLE with the reason. Raises ModelNotFound if
+        publish the result, READY or UNAVAILABLE with the reason; a load that fails leaves
+        what was serving serving (:func:`keep_last_good`), its ``reason`` saying why. The
+        caller reads the failure in the returned entry's ``problem``. Raises ModelNotFound if
         the repository has no such model, RepositoryError when the check could not reach it."""
         entry = await asyncio.to_thread(index_model, self.store, name, config)
         entries = await self._with_composing({name: entry})
+        current = await self._read(sorted(entries))
+        failures = {}
         for key, candidate in sorted(entries.items()):
-            entries[key] = await self._checked(candidate)
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(keys.REGISTRY, mapping={n: e.to_bytes() for n, e in entries.items()})
-            pipe.incr(GENERATION)
-            await pipe.execute()
+            candidate = await self._checked(candidate)
+            if candidate.problem:
+                failures[key] = candidate.problem
+                logger.warning("model '%s' failed to load: %s", key, candidate.problem)
+            entries[key] = keep_last_good(current.get(key), candidate)
+        await self._write(entries, failures=failures)
         await self.sync()
-        return self._entries.get(name, entry)  # an ensemble's: as its composing models allow
+        return self._entries.get(name, entries[name])  # an ensemble's: as its composing models allow
 
     async def _checked(self, entry: ModelEntry) -> ModelEntry:
-        """``entry``, or UNAVAILABLE with the load error when ``load_check`` fails it."""
+        """``entry`` with each version that ``load_check`` fails moved to ``failed`` (all
+        failed: UNAVAILABLE with the load error); each version is tried on its own."""
         if self.load_check is None or not entry.ready or is_ensemble(entry.config):
             return entry
-        reason = await self.load_check(entry)
-        if reason is None:
-            return entry
-        logger.warning("model '%s' failed to load: %s", entry.name, reason)
-        return entry.load_failed(reason)
+        for version in list(entry.versions):
+            reason = await self.load_check(replace(entry, versions=[version]))
+            if reason is not None:
+                entry = entry.load_failed(reason, version)
+        return entry
 
     async def _with_composing(self, loaded: dict[str, ModelEntry]) -> dict[str, ModelEntry]:
         """``loaded`` plus the composing models of its ensembles (nested ones too) that are
@@ -220,10 +252,7 @@ class ModelRegistry:
         return unloaded
 
     async def _put(self, entry: ModelEntry) -> None:
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(keys.REGISTRY, entry.name, entry.to_bytes())
-            pipe.incr(GENERATION)
-            await pipe.execute()
+        await self._write({entry.name: entry})
         await self.sync()
 
     async def _read(self, names: list[str]) -> dict[str, ModelEntry]:

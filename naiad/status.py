@@ -13,6 +13,10 @@ gets a ``state``:
 - ``idle``: workers up, nothing for that long (they exit after ``--idle-timeout``);
 - ``unavailable``: the registry entry is not READY (``reason`` says why).
 
+``problem`` says what is wrong even while the model serves: a change (poll, explicit load)
+that failed while the previous one keeps serving, or versions that failed to load
+(``failed_versions``); ``load_failures`` counts such failed changes.
+
 Latency percentiles (p50, p99) are estimated from the request-duration histogram the
 gateway keeps per model version (:data:`naiad.stats.REQUEST_BUCKETS_S`), by linear
 interpolation within a bucket as Prometheus's ``histogram_quantile`` does; the mean comes
@@ -67,7 +71,10 @@ def _model_row(
         "name": entry.name,
         "state": _state(entry, tele.workers, queue, last_ms, now),
         "reason": entry.reason,
+        "problem": entry.problem,
         "versions": [str(v) for v in entry.versions],
+        "failed_versions": {str(v): why for v, why in sorted(entry.failed.items())},
+        "load_failures": tele.load_failures,
         "workers": tele.workers,
         "queue": queue,
         "in_flight": in_flight,
@@ -127,6 +134,7 @@ COLUMNS = (
     ("queue", "queue"), ("in flight", "in_flight"), ("ok", "success"), ("failed", "failure"),
     ("p50", "p50_ms"), ("p99", "p99_ms"), ("cache hits", "cache_hit_ratio"),
     ("cold starts", "cold_starts"), ("avg cold start", "cold_start_avg_s"),
+    ("load failures", "load_failures"), ("problem", "problem"),
 )  # fmt: skip
 
 
@@ -136,7 +144,7 @@ def cell(row: dict[str, Any], key: str) -> str:
     value = row[key]
     if key == "versions":
         return ",".join(value) or "-"
-    if value is None:
+    if value is None or value == "":
         return "-"
     if key in ("avg_latency_ms", "p50_ms", "p99_ms"):
         return f"{value:.1f} ms"
