@@ -164,7 +164,7 @@ class DataPlane:
         """
         entry = await self.registry.get(name)
         if not entry.ready and entry.reason == UNLOADED:
-            raise ModelNotFound(f"Request for unknown model: '{name}' is not found")
+            raise ModelNotFound(f"Request for unknown model: '{name}' is not found ({UNLOADED})")
         if entry.state != "READY" or entry.config is None:
             raise ModelNotReady(f"model '{name}' is not ready: {entry.reason}")
         if not version:
