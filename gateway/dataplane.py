@@ -171,8 +171,9 @@ class DataPlane:
             return entry, max(entry.versions)
         if not (version.isascii() and version.isdigit() and len(version) <= 18):
             raise InvalidInput(f"model version must be a positive integer, got '{version}'")
-        if int(version) in entry.failed:
-            raise ModelNotReady(f"model '{name}' version {version} is not ready: {entry.failed[int(version)]}")
+        failed = entry.failed.get(int(version))
+        if failed is not None:
+            raise ModelNotReady(f"model '{name}' version {version} is not ready: {failed}")
         if int(version) not in entry.versions:
             raise ModelNotFound(f"model '{name}' has no version {version}")
         return entry, int(version)

@@ -104,7 +104,8 @@ class ModelEntry:
                 config.ParseFromString(raw["config"])
             return cls(
                 raw["name"], config, list(raw["versions"]), raw["state"], raw["reason"],
-                dict(raw.get("labels") or {}), {int(v): str(why) for v, why in (raw.get("failed") or {}).items()},
+                dict(raw.get("labels") or {}),
+                {int(v): str(why) for v, why in (raw.get("failed") or {}).items()},
             )
         except (KeyError, TypeError, msgpack.UnpackException, ValueError) as exc:
             raise ValueError(f"malformed model entry: {exc}") from None
@@ -191,7 +192,7 @@ def _index(store: RepositoryStore, name: str, override: ModelConfig | None = Non
         entry.reason = "no version available under the version policy"
         return entry
     try:
-        entry.failed = _missing_files(store, config, selected)
+        entry.failed = missing_model_files(store, config, selected)
         entry.versions = [v for v in selected if v not in entry.failed]
         if not entry.versions:
             entry.reason = entry.failed[max(entry.failed)]
@@ -245,7 +246,7 @@ def _config(
     return config
 
 
-def _missing_files(store: RepositoryStore, config: ModelConfig, versions: list[int]) -> dict[int, str]:
+def missing_model_files(store: RepositoryStore, config: ModelConfig, versions: list[int]) -> dict[int, str]:
     """The ``versions`` whose folder lacks the backend's model file, with the reason (each
     version on its own: Triton loads the others)."""
     if backend_of(config) == "ensemble":

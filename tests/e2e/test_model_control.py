@@ -128,7 +128,8 @@ def test_explicit_mode_load_and_unload(redis_url, naiad_server, repository):
     answer = requests.get(f"{server.http}/v2/models/silero_vad", timeout=5)
     assert answer.status_code == 404 and "unknown model" in answer.json()["error"]
     answer = requests.get(f"{server.http}/v2/models/silero_vad/ready", timeout=5)
-    assert (answer.status_code, answer.json()) == (400, {"error": "model 'silero_vad' is not ready: unloaded"})
+    assert answer.status_code == 400
+    assert answer.json() == {"error": "model 'silero_vad' is not ready: unloaded"}
 
     grpc_triton = grpcclient.InferenceServerClient(server.grpc_url)
     try:

@@ -47,6 +47,7 @@ class TritonPythonModel:
         return [pb_utils.InferenceResponse([pb_utils.Tensor(
             "Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy() + self.offset)]) for r in requests]
 """
+GOOD_INIT = 'self.offset = float(args["model_version"])  # INIT'
 FAILING_INIT = 'raise RuntimeError("initialize refuses to start")  # INIT'
 
 
@@ -101,7 +102,8 @@ class Load:
 def rows(server, model: str) -> dict[str, dict]:
     client = httpclient.InferenceServerClient(server.url)
     try:
-        return {row.get("version", ""): row for row in client.get_model_repository_index() if row["name"] == model}
+        index = client.get_model_repository_index()
+        return {row.get("version", ""): row for row in index if row["name"] == model}
     finally:
         client.close()
 
@@ -138,7 +140,7 @@ def test_bad_uploads_under_load_fail_no_request(naiad_server, redis_url, s3_endp
         assert "unable to load model 'digits' version 2" in digits["2"]["reason"]
 
         # 3. A new Python version whose initialize raises: version 1 keeps serving.
-        put("py/2/model.py", PY_MODEL.replace('self.offset = float(args["model_version"])  # INIT', FAILING_INIT))
+        put("py/2/model.py", PY_MODEL.replace(GOOD_INIT, FAILING_INIT))
         wait_for(lambda: "2" in rows(server, "py"), 60, "py version 2 in the index")
         py = rows(server, "py")
         assert (py["1"]["state"], py["2"]["state"]) == ("READY", "UNAVAILABLE")
