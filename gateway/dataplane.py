@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import time
@@ -26,8 +27,9 @@ from gateway.dispatcher import QueueDispatcher
 from gateway.ensemble import EnsembleScheduler
 from gateway.registry import UNLOADED, ModelRegistry
 from gateway.response_cache import CacheTrace, ResponseCache
+from gateway.rollouts import Rollouts
 from gateway.validation import client_shape, validate_request, wire_datatype
-from naiad import __version__, logs, queue_policy, stats, tracing
+from naiad import __version__, logs, queue_policy, stats, telemetry, tracing
 from naiad.errors import (
     InvalidInput,
     ModelControlDisabled,
@@ -48,6 +50,9 @@ logger = logging.getLogger(__name__)
 
 #: Extensions of the v2 protocol this server implements (GET /v2 lists exactly these).
 EXTENSIONS = ["classification", "binary_tensor_data", "model_configuration", "statistics", "model_repository"]
+
+#: Most shadow copies (``naiad.shadow_version``) one gateway has in flight at once.
+MAX_SHADOW_INFLIGHT = 256
 
 #: Triton's platform string per normalised backend name (model metadata's ``platform``).
 PLATFORMS = {
@@ -75,11 +80,13 @@ def check_scheduling_parameters(parameters: dict[str, Any]) -> None:
             raise InvalidInput(f"parameter '{name}' must be a non-negative integer, got {value!r}")
 
 
-def index_rows(entry: ModelEntry) -> list[dict[str, str]]:
+def index_rows(entry: ModelEntry, rolled_back: dict[int, str] | None = None) -> list[dict[str, str]]:
     """Triton's repository index rows of one model: one ``{name, version, state, reason}``
     per version it serves or failed to load (ascending), a failed one UNAVAILABLE with its
     own reason; ``version`` absent when none is known. A model that keeps serving after a
-    failed change has READY rows whose ``reason`` says what failed."""
+    failed change has READY rows whose ``reason`` says what failed; a version rolled back
+    automatically (``rolled_back``: version -> why) stays READY (a request naming it gets
+    it) with that reason."""
     versions = sorted({*entry.versions, *entry.failed})
     if not versions:
         return [{"name": entry.name, "state": entry.state, "reason": entry.reason}]
@@ -88,6 +95,8 @@ def index_rows(entry: ModelEntry) -> list[dict[str, str]]:
         state, reason = entry.state, entry.reason
         if version in entry.failed:
             state, reason = "UNAVAILABLE", entry.failed[version]
+        elif rolled_back and version in rolled_back:
+            reason = rolled_back[version]
         rows.append({"name": entry.name, "version": str(version), "state": state, "reason": reason})
     return rows
 
@@ -116,6 +125,8 @@ class DataPlane:
         self.request_timeout_s = request_timeout_s
         self.model_control_mode = model_control_mode
         self.ensembles = EnsembleScheduler(self.resolve, self._serve, redis)  # steps: _serve
+        self.rollouts = Rollouts(redis, registry)
+        self._shadows: set[asyncio.Task] = set()
         self.stats_writer = StatsWriter(redis)
 
     @contextlib.contextmanager
@@ -178,6 +189,17 @@ class DataPlane:
             raise ModelNotFound(f"model '{name}' has no version {version}")
         return entry, int(version)
 
+    async def route(
+        self, name: str, version: str = "", route_key: str | None = None
+    ) -> tuple[ModelEntry, int]:
+        """:meth:`resolve` for an inference: a request that names no version goes to one by
+        the model's ``naiad.traffic_split`` (less the versions rolled back; ``route_key``:
+        sticky, :mod:`naiad.rollout`), else to the newest."""
+        entry, number = await self.resolve(name, version)
+        if version:
+            return entry, number
+        return entry, self.rollouts.route(entry, route_key)
+
     async def model_ready(self, name: str, version: str = "") -> bool:
         return not await self.model_readiness(name, version)
 
@@ -227,7 +249,8 @@ class DataPlane:
     async def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         """Triton's repository index (:func:`index_rows`), of every model or the READY rows."""
         await self.registry.sync()
-        rows = [row for entry in self.registry.entries() for row in index_rows(entry)]
+        rows = [row for entry in self.registry.entries()
+                for row in index_rows(entry, self.registry.rolled_back(entry.name))]  # fmt: skip
         return [row for row in rows if row["state"] == "READY"] if ready_only else rows
 
     def _check_model_control(self) -> None:
@@ -297,7 +320,32 @@ class DataPlane:
         failure, with its duration here (Triton counts only requests that reach the model).
         """
         entry = await self.registry.get(request.model)
+        self._shadow(entry, request)
         return await self._serve(entry, request)
+
+    def _shadow(self, entry: ModelEntry, request: InferRequest) -> None:
+        """Send a copy of ``request`` to the model's shadow version when its share draws it
+        (``naiad.shadow_version``), in the background: its answer is discarded, it never
+        delays the caller, and it is counted apart (``naiad_shadow_requests_total``). At most
+        :data:`MAX_SHADOW_INFLIGHT` copies wait at once; more are not sent."""
+        version = self.rollouts.shadow(entry, request.version)
+        if version is None or is_ensemble(entry.config) or len(self._shadows) >= MAX_SHADOW_INFLIGHT:
+            return
+        copy = dataclasses.replace(request, version=version, id=f"shadow-{request.id}" if request.id else "")
+        task = asyncio.get_running_loop().create_task(self._run_shadow(entry, copy))
+        self._shadows.add(task)
+        task.add_done_callback(self._shadows.discard)
+
+    async def _run_shadow(self, entry: ModelEntry, copy: InferRequest) -> None:
+        try:
+            validate_request(entry.config, copy)
+            timeout_s = self._timeout_s(copy)
+            await self.dispatcher.infer(copy, timeout_s, placement=self.placement(entry, copy))
+            ok = True
+        except Exception as exc:  # noqa: BLE001 - a shadow's failure is only counted
+            logger.debug("shadow copy to version %d failed: %s", copy.version, exc)
+            ok = False
+        self.stats_writer.add(lambda pipe: telemetry.add_shadow(pipe, copy.model, copy.version, ok))
 
     async def _serve(
         self, entry: ModelEntry, request: InferRequest, timeout_s: float | None = None
@@ -315,8 +363,10 @@ class DataPlane:
             if isinstance(exc, ModelNotReady):  # its load failed in a worker, now in the registry
                 self.registry.expire()
             self._record(request, False, started_ns, trace, stats.failure_reason(exc))
+            self.rollouts.observe(entry, request.version, exc)
             raise
         self._record(request, True, started_ns, trace)
+        self.rollouts.observe(entry, request.version, None)
         return response
 
     async def _answer(

@@ -32,6 +32,7 @@ from gateway.grpc_codec import (
     to_repository_index,
     to_server_metadata,
 )
+from naiad import rollout
 from naiad.errors import GRPC_CODES, InvalidInput, ModelNotFound, Unauthenticated, Unsupported, as_naiad_error
 
 logger = logging.getLogger(__name__)
@@ -259,7 +260,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelInferResponse:
         with self._dp.admit():  # the gateway's in-flight bound (UNAVAILABLE when full)
-            entry, version = await self._dp.resolve(request.model_name, request.model_version)
+            route_key = _metadata(context, rollout.ROUTE_METADATA)
+            entry, version = await self._dp.route(request.model_name, request.model_version, route_key)
             infer_request = from_infer_request(request, entry.name, version)
             infer_request.parameters = bounded_timeout(
                 infer_request.parameters, context.time_remaining(), self._dp.request_timeout_s
@@ -303,6 +305,14 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     CudaSharedMemoryUnregister = _unsupported("the CUDA shared memory extension")
     TraceSetting = _unsupported("the trace extension")
     LogSettings = _unsupported("the logging extension")
+
+
+def _metadata(context: grpc.aio.ServicerContext, key: str) -> str | None:
+    """The value of invocation metadata ``key`` (lower case), or None."""
+    for item in context.invocation_metadata() or ():
+        if item.key == key:
+            return item.value if isinstance(item.value, str) else None
+    return None
 
 
 @contextlib.asynccontextmanager

@@ -29,6 +29,7 @@ from gateway.dataplane import DataPlane
 from gateway.http_codec import HEADER_LENGTH, parse_infer_request, render_infer_response
 from gateway.http_encoding import accepted_coding, compress, decode_body
 from gateway.status_page import render_page
+from naiad import rollout
 from naiad.errors import InvalidInput, Unavailable, as_naiad_error
 from naiad.status import status_snapshot
 
@@ -167,7 +168,7 @@ async def infer(request: web.Request) -> web.Response:
 
 async def _infer(request: web.Request) -> web.Response:
     dp = _dp(request)
-    entry, version = await dp.resolve(*_model(request))
+    entry, version = await dp.route(*_model(request), request.headers.get(rollout.ROUTE_HEADER))
     body = await read_body(request)
     infer_request = await _off_loop(
         len(body), parse_infer_request, body, _header_length(request), entry.name, version

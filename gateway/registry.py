@@ -44,7 +44,7 @@ from dataclasses import replace
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from naiad import keys, telemetry
+from naiad import keys, rollout, telemetry
 from naiad.errors import ModelNotFound, RepositoryError
 from repository_store import (
     UNAVAILABLE,
@@ -83,6 +83,7 @@ class ModelRegistry:
         self.store = store
         self.load_check = load_check
         self._entries: dict[str, ModelEntry] = {}
+        self._rollbacks: dict[str, dict[int, str]] = {}
         self._generation: int | None = None
         self._synced_at = float("-inf")
         self._fingerprints: dict[str, str] = {}
@@ -111,6 +112,7 @@ class ModelRegistry:
             pipe.incr(GENERATION)
             *_, generation = await pipe.execute()
         self._entries, self._generation = resolve_ensembles(entries), generation
+        self._rollbacks = await self._read_rollbacks()
         for entry in self._entries.values():
             if entry.state != "READY":
                 logger.warning("model '%s' is unavailable: %s", entry.name, entry.reason)
@@ -279,7 +281,21 @@ class ModelRegistry:
         if generation == self._generation:
             return
         self._entries = resolve_ensembles(await self._read_all())
+        self._rollbacks = await self._read_rollbacks()
         self._generation = generation
+
+    async def _read_rollbacks(self) -> dict[str, dict[int, str]]:
+        """The automatic rollbacks in force (:data:`naiad.keys.ROLLBACKS`), by model."""
+        raw = await self.redis.hgetall(keys.ROLLBACKS)
+        models = {field.decode(errors="replace").rpartition("/")[0] for field in raw}
+        digests = {name: rollout.config_digest(self._entries[name].config) for name in models
+                   if name in self._entries and self._entries[name].config is not None}  # fmt: skip
+        return rollout.parse_rollbacks(raw, digests)
+
+    def rolled_back(self, name: str) -> dict[int, str]:
+        """Versions of ``name`` rolled back automatically under its current config, with why
+        (as of the last sync)."""
+        return self._rollbacks.get(name, {})
 
     async def _rebuild(self) -> None:
         """Index again after Redis lost the registry; concurrent callers wait for one

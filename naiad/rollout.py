@@ -33,6 +33,10 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+#: HTTP header, and gRPC metadata key, of a request's route key (sticky assignment).
+ROUTE_HEADER = "Naiad-Route-Key"
+ROUTE_METADATA = "naiad-route-key"
+
 SPLIT_KEY = "naiad.traffic_split"
 SHADOW_KEY = "naiad.shadow_version"
 RATE_KEY = "naiad.rollback_error_rate"
@@ -63,6 +67,36 @@ class RolloutPolicy:
 
 
 NONE = RolloutPolicy()
+
+
+def config_digest(config: object) -> str:
+    """SHA-256 (hex) of a model config's deterministic protobuf bytes: a rollback decision
+    holds while the config it was taken under is the model's."""
+    return hashlib.sha256(config.SerializeToString(deterministic=True)).hexdigest()  # type: ignore[attr-defined]
+
+
+def rollback_field(model: str, version: int) -> str:
+    """The :data:`naiad.keys.ROLLBACKS` field of ``version`` of ``model``."""
+    return f"{model}/{version}"
+
+
+def rollback_value(config: object, reason: str) -> bytes:
+    """A :data:`naiad.keys.ROLLBACKS` value: the config's digest (64 hex digits), a space,
+    the reason."""
+    return f"{config_digest(config)} {reason}".encode()
+
+
+def parse_rollbacks(raw: Mapping[bytes, bytes], digests: Mapping[str, str]) -> dict[str, dict[int, str]]:
+    """The rollbacks in force, model -> version -> reason, from the :data:`naiad.keys.ROLLBACKS`
+    hash (``raw``) and each model's current config digest (``digests``); decisions taken
+    under another config, and malformed fields, are left out."""
+    result: dict[str, dict[int, str]] = {}
+    for field, value in raw.items():
+        model, _, version = field.decode(errors="replace").rpartition("/")
+        digest, _, reason = value.decode(errors="replace").partition(" ")
+        if version.isdigit() and digest == digests.get(model):
+            result.setdefault(model, {})[int(version)] = reason
+    return result
 
 
 def parse_split(text: str, served: Sequence[int]) -> Split:

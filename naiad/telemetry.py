@@ -14,6 +14,8 @@ HINCRBY in a pipeline the caller sends:
 - ``load_count`` and ``load_us``: versions a worker loaded into its backend from the local
   folder, after the pull (:func:`add_load`);
 - ``scaler:<action>``: the local scaler's decisions (:func:`add_scaler_decision`; ``start``);
+- ``rollbacks:<version>``: automatic rollbacks of a canary version (``gateway/rollouts.py``);
+  ``shadow:<version>:success|failure``: shadow copies sent to a version (:func:`add_shadow`);
 - ``load_failures``: changes of the model that failed to index or to load (a poll, an
   explicit load, a worker's load; :func:`add_load_failure`), whether or not an earlier
   version kept serving.
@@ -70,6 +72,11 @@ def add_load_failure(pipe: Pipeline, model: str) -> None:
     pipe.hincrby(keys.lifecycle(model), "load_failures", 1)
 
 
+def add_shadow(pipe: Pipeline, model: str, version: int, ok: bool) -> None:
+    """Queue one shadow copy sent to ``version`` of ``model`` and its outcome."""
+    pipe.hincrby(keys.lifecycle(model), f"shadow:{version}:{'success' if ok else 'failure'}", 1)
+
+
 def add_scaler_decision(pipe: Pipeline, model: str, action: str) -> None:
     """Queue one decision of the scaler about ``model`` (``start``: it started a worker)."""
     pipe.hincrby(keys.lifecycle(model), f"scaler:{action}", 1)
@@ -100,6 +107,10 @@ class ModelTelemetry:
     load_seconds: float = 0.0
     warm_pool_claims: int = 0
     load_failures: int = 0
+    rollbacks: dict[int, int] = field(default_factory=dict)
+    """Automatic rollbacks per version."""
+    shadows: dict[tuple[int, str], int] = field(default_factory=dict)
+    """Shadow copies per (version, ``success``/``failure``)."""
 
 
 def _decode(raw: dict[bytes, bytes]) -> dict[str, int]:
@@ -133,6 +144,9 @@ def model_telemetry(
         load_seconds=lifecycle.get("load_us", 0) / 1e6,
         warm_pool_claims=lifecycle.get("warm_pool_claims", 0),
         load_failures=lifecycle.get("load_failures", 0),
+        rollbacks={int(f.split(":")[1]): n for f, n in lifecycle.items() if f.startswith("rollbacks:")},
+        shadows={(int(f.split(":")[1]), f.split(":")[2]): n for f, n in lifecycle.items()
+                 if f.startswith("shadow:") and f.count(":") == 2},  # fmt: skip
         scaler_decisions={
             f.removeprefix("scaler:"): n for f, n in sorted(lifecycle.items()) if f.startswith("scaler:")
         },
