@@ -35,7 +35,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
-from naiad import keys, queue_policy, telemetry
+from naiad import keys, queue_policy, rollout, telemetry
 from repository_store import ModelEntry, resolve_ensembles
 
 STATES = ("asleep", "waking", "busy", "idle", "unavailable")
@@ -111,6 +111,15 @@ async def _in_flight(redis: Redis, streams: list[list[str]]) -> list[int]:
     return [sum(counts[end - len(names) : end]) for names, end in zip(streams, ends, strict=True)]
 
 
+async def _rollbacks(redis: Redis, entries: list[ModelEntry]) -> dict[str, dict[int, str]]:
+    """The automatic rollbacks in force (:data:`naiad.keys.ROLLBACKS`), by model."""
+    raw = await redis.hgetall(keys.ROLLBACKS)
+    if not raw:
+        return {}
+    digests = {e.name: rollout.config_digest(e.config) for e in entries if e.config is not None}
+    return rollout.parse_rollbacks(raw, digests)
+
+
 async def status_snapshot(redis: Redis) -> dict[str, Any]:
     """``{"time": unix s, "models": [row, ...], "counts": {state: n}}``, models by name;
     see :func:`_model_row` for a row's keys (``None`` where a ratio or mean has no data)."""
@@ -123,6 +132,9 @@ async def status_snapshot(redis: Redis) -> dict[str, Any]:
     in_flight = await _in_flight(redis, streams) if entries else []
     now = time.time()
     rows = [_model_row(*parts, now) for parts in zip(entries, tele, in_flight, strict=True)]
+    rolled_back = await _rollbacks(redis, entries)
+    for row in rows:
+        row["rolled_back"] = {str(v): why for v, why in sorted(rolled_back.get(row["name"], {}).items())}
     counts = {state: sum(row["state"] == state for row in rows) for state in STATES}
     return {"time": now, "models": rows, "counts": counts}
 

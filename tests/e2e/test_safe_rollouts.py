@@ -15,18 +15,15 @@ import shutil
 import threading
 from pathlib import Path
 
-import boto3
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-from naiad_harness import run_scenario, upload_tree, wait_for
+from naiad_harness import POLL_EVERY_SECOND, run_scenario, s3_repository, wait_for
 from prom_text import parse
 
 from naiad.status import status_snapshot
 
-POLL = ["--model-control-mode", "poll", "--repository-poll-secs", "1"]
 ENV = {"NAIAD_WARM_POOL_SIZE": "0"}
-PREFIX = "rollouts/models"
 
 PY_CONFIG = """
 name: "py"
@@ -113,11 +110,8 @@ def failures_counted(server, model: str) -> float:
 
 
 def test_bad_uploads_under_load_fail_no_request(naiad_server, redis_url, s3_endpoint, s3_bucket, repository):
-    upload_tree(s3_endpoint, s3_bucket, repository, PREFIX)
-    s3 = boto3.client("s3", endpoint_url=s3_endpoint)
-    put = lambda key, body: s3.put_object(Bucket=s3_bucket, Key=f"{PREFIX}/{key}", Body=body)  # noqa: E731
-    uri = f"s3://{s3_endpoint.removeprefix('http://')}/{s3_bucket}/{PREFIX}"
-    server = naiad_server(uri, redis_url=redis_url, extra_env=ENV, extra_args=POLL)
+    uri, put = s3_repository(s3_endpoint, s3_bucket, repository, "rollouts/models")
+    server = naiad_server(uri, redis_url=redis_url, extra_env=ENV, extra_args=POLL_EVERY_SECOND)
     load = Load(server.url)
     try:
         wait_for(lambda: load.versions("digits") and load.versions("py"), 60, "both models answering")
