@@ -75,13 +75,7 @@ class Rollouts:
         cached = self._policies.get(entry.name)
         if cached is not None and cached[0] is entry:
             return cached[1]
-        config = entry.config
-        parameters = {} if config is None else {
-            key: config.parameters[key].string_value for key in rollout.KEYS if key in config.parameters
-        }  # fmt: skip
-        policy, problems = rollout.NONE, []
-        if parameters:
-            policy, problems = rollout.parse_rollout(parameters, entry.versions)
+        policy, problems = rollout.policy_of(entry.config, entry.versions)
         for problem in problems:
             logger.warning("model '%s': %s", entry.name, problem)
         self._policies[entry.name] = (entry, policy)

@@ -170,6 +170,14 @@ def parse_rollout(parameters: Mapping[str, str], served: Sequence[int]) -> tuple
     return RolloutPolicy(**fields), problems
 
 
+def policy_of(config: object, served: Sequence[int]) -> tuple[RolloutPolicy, list[str]]:
+    """:func:`parse_rollout` of a model config's (``ModelConfig``; None: no rules) ``naiad.*``
+    traffic parameters."""
+    found = getattr(config, "parameters", None) or {}
+    parameters = {key: found[key].string_value for key in KEYS if key in found}
+    return parse_rollout(parameters, served) if parameters else (NONE, [])
+
+
 def without(split: Split, rolled_back: set[int] | frozenset[int]) -> Split:
     """``split`` with the ``rolled_back`` versions taken out and their weight given to the
     others in proportion (largest remainder, so the weights still sum to 100); ``()`` when

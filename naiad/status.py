@@ -94,6 +94,34 @@ def _model_row(
     }
 
 
+def _version_rows(
+    entry: ModelEntry, tele: telemetry.ModelTelemetry, rolled_back: dict[int, str]
+) -> list[dict[str, Any]]:
+    """One row per version served, failed or in the split: its configured ``weight`` and the
+    ``share`` it gets now (rollbacks taken out; None without a split), its ``state``
+    (``serving``, ``failed``, ``rolled back``), its requests, error ratio and mean latency."""
+    policy, _ = rollout.policy_of(entry.config, entry.versions) if entry.ready else (rollout.NONE, [])
+    weights, shares = dict(policy.split), dict(rollout.without(policy.split, set(rolled_back)))
+    stats_by_version = {int(s["version"]): s for s in tele.stats}
+    rows = []
+    for version in sorted({*entry.versions, *entry.failed, *weights}):
+        stat = stats_by_version.get(version)
+        ok = stat["inference_stats"]["success"]["count"] if stat else 0
+        ok_ns = stat["inference_stats"]["success"]["ns"] if stat else 0
+        failed = sum(tele.failures.get(version, {}).values())
+        state = "serving"
+        if version in entry.failed or version in rolled_back:
+            state = "failed" if version in entry.failed else "rolled back"
+        rows.append({
+            "version": str(version), "state": state, "weight": weights.get(version),
+            "share": shares.get(version, 0) if weights else None,
+            "success": ok, "failure": failed, "error_ratio": _ratio(failed, ok + failed),
+            "avg_latency_ms": ok_ns / ok / 1e6 if ok else None,
+            "reason": entry.failed.get(version) or rolled_back.get(version, ""),
+        })  # fmt: skip
+    return rows
+
+
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1e3
 
@@ -133,8 +161,9 @@ async def status_snapshot(redis: Redis) -> dict[str, Any]:
     now = time.time()
     rows = [_model_row(*parts, now) for parts in zip(entries, tele, in_flight, strict=True)]
     rolled_back = await _rollbacks(redis, entries)
-    for row in rows:
-        row["rolled_back"] = {str(v): why for v, why in sorted(rolled_back.get(row["name"], {}).items())}
+    for entry, row, model in zip(entries, rows, tele, strict=True):
+        row["rolled_back"] = {str(v): why for v, why in sorted(rolled_back.get(entry.name, {}).items())}
+        row["version_rows"] = _version_rows(entry, model, rolled_back.get(entry.name, {}))
     counts = {state: sum(row["state"] == state for row in rows) for state in STATES}
     return {"time": now, "models": rows, "counts": counts}
 
@@ -176,6 +205,27 @@ CAPTION = (
 STYLES = {"asleep": "dim", "waking": "yellow", "busy": "bold green", "idle": "green", "unavailable": "red"}
 
 
+def _has_version_view(row: dict[str, Any]) -> bool:
+    """Per-version rows are drawn under a model with several versions or a split."""
+    versions = row.get("version_rows", [])
+    return len(versions) > 1 or any(v["weight"] is not None for v in versions)
+
+
+def version_cells(version: dict[str, Any]) -> list[str]:
+    """One version's row in the :data:`COLUMNS` layout: ``└ v<N>``, its state and split
+    share (configured weight -> share now), requests, failures, error ratio and mean latency."""
+    share = ""
+    if version["weight"] is not None:
+        now = f"->{version['share']}%" if version["share"] != version["weight"] else ""
+        share = f" {version['weight']}%{now}"
+    ratio = "-" if version["error_ratio"] is None else f"{version['error_ratio']:.1%} errors"
+    latency = "-" if version["avg_latency_ms"] is None else f"{version['avg_latency_ms']:.1f} ms avg"
+    by_key = {"name": f"└ v{version['version']}", "state": version["state"] + share,
+              "success": str(version["success"]), "failure": str(version["failure"]),
+              "p50_ms": latency, "p99_ms": ratio, "problem": version["reason"] or "-"}  # fmt: skip
+    return [by_key.get(key, "") for _, key in COLUMNS]
+
+
 def render_table(snapshot: dict[str, Any]) -> Any:
     """The snapshot as a ``rich`` table."""
     from rich.table import Table  # noqa: PLC0415
@@ -190,6 +240,8 @@ def render_table(snapshot: dict[str, Any]) -> Any:
         cells = [cell(row, key) for _, key in COLUMNS]
         cells[1] = Text(cells[1], style=STYLES.get(row["state"], ""))
         table.add_row(*cells)
+        for version in row.get("version_rows", []) if _has_version_view(row) else []:
+            table.add_row(*version_cells(version), style="dim" if version["state"] != "serving" else "")
     table.caption = CAPTION
     return table
 

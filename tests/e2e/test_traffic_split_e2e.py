@@ -6,6 +6,7 @@ decision. Real Python-backend workers answer; tritonclient is the client."""
 
 from __future__ import annotations
 
+import io
 from collections import Counter
 from pathlib import Path
 
@@ -16,9 +17,10 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from naiad_harness import POLL_EVERY_SECOND, run_scenario, s3_repository, wait_for
 from prom_text import parse
+from rich.console import Console
 from tritonclient.utils import InferenceServerException
 
-from naiad.status import status_snapshot
+from naiad.status import render_table, status_snapshot
 
 ENV = {"NAIAD_WARM_POOL_SIZE": "0"}
 CONFIG = """
@@ -131,8 +133,17 @@ def test_split_shadow_and_rollback(naiad_server, redis_url, s3_endpoint, s3_buck
         assert "model 'ab' version 2 rolled back automatically" in server.log()
 
         async def check_status(redis) -> None:
-            [row] = (await status_snapshot(redis))["models"]
+            snapshot = await status_snapshot(redis)
+            [row] = snapshot["models"]
             assert row["rolled_back"]["2"].startswith("rolled back automatically")
+            one, two = row["version_rows"]
+            assert (one["state"], one["weight"], one["share"], two["state"], two["weight"], two["share"]) == (
+                "serving", 50, 100, "rolled back", 50, 0)  # fmt: skip
+            assert two["failure"] == failures and two["error_ratio"] > 0 and one["avg_latency_ms"] > 0
+            console = Console(file=io.StringIO(), width=300)
+            console.print(render_table(snapshot))
+            text = console.file.getvalue()
+            assert "└ v2" in text and "rolled back 50%->0%" in text and "serving 50%->100%" in text
 
         run_scenario(redis_url, check_status)
         # 4. A gateway started after the decision routes around the version too.
