@@ -29,7 +29,7 @@ from redis.exceptions import RedisError
 
 from gateway.registry import ModelRegistry
 from naiad import keys, rollout
-from naiad.errors import ModelNotReady, NaiadError
+from naiad.errors import ModelNotReady, NaiadError, Overloaded, QueueTimeout
 from naiad.rollout import RolloutPolicy
 from repository_store import ModelEntry
 
@@ -50,9 +50,10 @@ return 1
 
 def counts_against_version(exc: BaseException) -> bool:
     """Whether a failed request says something about the version that ran it: a server-side
-    error (5xx) or the version not loading; not a cancelled request (the client left) or a
-    full gateway."""
-    if isinstance(exc, asyncio.CancelledError):
+    error (5xx: the model failed, timed out) or the version not loading; not a client's error,
+    a cancelled request (the client left), or a full gateway or queue (capacity, not the
+    version)."""
+    if isinstance(exc, (asyncio.CancelledError, Overloaded, QueueTimeout)):
         return False
     if isinstance(exc, NaiadError):
         return isinstance(exc, ModelNotReady) or exc.status >= 500
