@@ -103,14 +103,24 @@ class ModelRegistry:
         await self.index()
 
     async def index(self) -> dict[str, ModelEntry]:
-        """Re-read the whole repository into Redis. Raises RepositoryError if unreachable."""
-        entries = await asyncio.to_thread(index_repository, self.store)
+        """Re-read the whole repository into Redis; an entry that would replace a different,
+        serving one is load-checked first, and a failure keeps that one (:meth:`_settle`: a
+        gateway starting during a bad upload takes nothing down). Raises RepositoryError if
+        unreachable."""
+        fresh = await asyncio.to_thread(index_repository, self.store)
+        try:
+            current = await self._read_all()
+        except ValueError as exc:  # a malformed entry: index from scratch, as with none
+            logger.warning("registry in Redis unreadable (%s): indexing from scratch", exc)
+            current = {}
+        entries, failures = await self._settle(fresh, current, serving_only=True)
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.delete(keys.REGISTRY)
             if entries:
                 pipe.hset(keys.REGISTRY, mapping={n: e.to_bytes() for n, e in entries.items()})
             pipe.incr(GENERATION)
             *_, generation = await pipe.execute()
+        await self._count_failures(failures)
         self._entries, self._generation = resolve_ensembles(entries), generation
         self._rollbacks = await self._read_rollbacks()
         for entry in self._entries.values():
@@ -127,6 +137,7 @@ class ModelRegistry:
         wanted = set(names) if ALL_MODELS in load else set(load)
         loaded = {name: await asyncio.to_thread(index_model, self.store, name) for name in sorted(wanted)}
         loaded = await self._with_composing(loaded)
+        loaded, failures = await self._settle(loaded, await self._read(sorted(loaded)), serving_only=True)
         async with self.redis.pipeline(transaction=True) as pipe:
             for name in names:
                 if name not in loaded:
@@ -135,6 +146,7 @@ class ModelRegistry:
                 pipe.hset(keys.REGISTRY, mapping={n: e.to_bytes() for n, e in loaded.items()})
             pipe.incr(GENERATION)
             await pipe.execute()
+        await self._count_failures(failures)
         await self.sync()
         logger.info("explicit model control: loaded %s", ", ".join(sorted(loaded)) or "no model")
 
@@ -151,17 +163,9 @@ class ModelRegistry:
         self.last_poll_indexed = stale
         fresh = await asyncio.to_thread(index_models, self.store, stale) if stale else {}
         current = await self._read(stale)
-        changed: dict[str, ModelEntry] = {}
-        failures: dict[str, str] = {}
-        for name, entry in fresh.items():
-            if current.get(name) == entry:
-                continue
-            candidate = await self._checked(entry)
-            settled = keep_last_good(current.get(name), candidate)
-            if settled != current.get(name):
-                changed[name] = settled
-                if candidate.problem:
-                    failures[name] = candidate.problem
+        settled, failures = await self._settle(fresh, current)
+        changed = {name: entry for name, entry in settled.items() if entry != current.get(name)}
+        failures = {name: why for name, why in failures.items() if name in changed}  # counted once
         removed = sorted(known - set(prints))
         if not changed and not removed:
             self._fingerprints = prints
@@ -177,6 +181,34 @@ class ModelRegistry:
         await self.sync()
         return True
 
+    async def _settle(
+        self, fresh: dict[str, ModelEntry], current: dict[str, ModelEntry], serving_only: bool = False
+    ) -> tuple[dict[str, ModelEntry], dict[str, str]]:
+        """What to publish for each ``fresh`` entry given the ``current`` ones (Redis): an
+        unchanged one as it is; a changed one load-checked (:meth:`_checked`; with
+        ``serving_only``, only where it replaces a serving entry) and settled by
+        :func:`keep_last_good`. Also the failed changes, model -> what failed."""
+        settled, failures = {}, {}
+        for name, entry in fresh.items():
+            previous = current.get(name)
+            if previous == entry or (serving_only and (previous is None or not previous.ready)):
+                settled[name] = entry
+                continue
+            candidate = await self._checked(entry)
+            settled[name] = keep_last_good(previous, candidate)
+            if candidate.problem:
+                failures[name] = candidate.problem
+                logger.warning("model '%s': the change failed: %s", name, candidate.problem)
+        return settled, failures
+
+    async def _count_failures(self, failures: dict[str, str]) -> None:
+        """Count one load failure for each model of ``failures``."""
+        if failures:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for name in failures:
+                    telemetry.add_load_failure(pipe, name)
+                await pipe.execute()
+
     async def _write(self, changed: dict[str, ModelEntry], removed: Sequence[str] = (),
                      failures: dict[str, str] | None = None) -> None:  # fmt: skip
         """Write ``changed`` entries, delete ``removed`` ones and bump the generation in one
@@ -188,11 +220,7 @@ class ModelRegistry:
                 pipe.hdel(keys.REGISTRY, *removed)
             pipe.incr(GENERATION)
             await pipe.execute()
-        if failures:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for name in failures:
-                    telemetry.add_load_failure(pipe, name)
-                await pipe.execute()
+        await self._count_failures(failures or {})
 
     async def load(self, name: str, config: ModelConfig | None = None) -> ModelEntry:
         """Re-read model ``name`` from the repository (``config`` replacing its config.pbtxt),

@@ -84,3 +84,29 @@ def test_every_gateways_poll_writes_a_failed_change_once(
         assert entry.ready and entry.reason.startswith("reload failed") and await failures(redis) == 1
 
     run(redis_url, scenario)
+
+
+def test_a_gateway_starting_during_a_bad_upload_keeps_what_serves(
+    redis_url: str, repository: Path, tmp_path: Path
+) -> None:
+    async def scenario(redis) -> None:
+        first = registry_of(redis, repository, tmp_path)
+        await first.start("none", [])
+        good = await first.get("digits")
+        (repository / "digits" / "2").mkdir()
+        (repository / "digits" / "2" / "model.onnx").write_bytes(b"\x00 not a model")
+        restarted = registry_of(redis, repository, tmp_path)
+        await restarted.start("none", [])  # its full index meets the serving entry
+        entry = await restarted.get("digits")
+        assert (entry.ready, entry.versions, entry.config) == (True, [1], good.config)
+        assert list(entry.failed) == [2] and await failures(redis) == 1
+        await first.sync()
+        assert (await first.get("digits")).versions == [1]
+
+        folder = repository / "digits"
+        shutil.copyfile(folder / "1" / "model.onnx", folder / "2" / "model.onnx")
+        again = registry_of(redis, repository, tmp_path)
+        await again.start("none", [])
+        assert (await again.get("digits")).versions == [2] and (await again.get("digits")).problem == ""
+
+    run(redis_url, scenario)
