@@ -148,6 +148,15 @@ class DataPlane:
         else by the server's ``--max-queue-size``; its queue timeout; ``preserve_ordering``."""
         return queue_policy.place(entry.name, entry.config, request.parameters, self.max_queue_size)
 
+    async def close(self) -> None:
+        """After the endpoints closed: cancel the shadow copies still waiting (their answers
+        would be discarded anyway), finish writing rollback decisions, flush statistics."""
+        for task in list(self._shadows):
+            task.cancel()
+        await asyncio.gather(*self._shadows, return_exceptions=True)
+        await self.rollouts.close()
+        await self.stats_writer.flush()
+
     @staticmethod
     def live() -> bool:
         return True

@@ -123,7 +123,7 @@ async def run_gateway(settings: Settings, redis_url: str, stop: asyncio.Event) -
             redis, registry, dispatcher, settings.request_timeout_s, settings.model_control_mode,
             cache=cache, max_queue_size=settings.max_queue_size, max_inflight=settings.max_inflight,
         )
-        stack.push_async_callback(dataplane.stats_writer.flush)  # after the endpoints closed
+        stack.push_async_callback(dataplane.close)  # after the endpoints closed
         await stack.enter_async_context(_endpoints(settings, dataplane))
         # /metrics is the 'metrics' API group of --http-restricted-api.
         metrics = create_metrics_app(
