@@ -205,7 +205,7 @@ CAPTION = (
 STYLES = {"asleep": "dim", "waking": "yellow", "busy": "bold green", "idle": "green", "unavailable": "red"}
 
 
-def _has_version_view(row: dict[str, Any]) -> bool:
+def has_version_view(row: dict[str, Any]) -> bool:
     """Per-version rows are drawn under a model with several versions or a split."""
     versions = row.get("version_rows", [])
     return len(versions) > 1 or any(v["weight"] is not None for v in versions)
@@ -240,7 +240,7 @@ def render_table(snapshot: dict[str, Any]) -> Any:
         cells = [cell(row, key) for _, key in COLUMNS]
         cells[1] = Text(cells[1], style=STYLES.get(row["state"], ""))
         table.add_row(*cells)
-        for version in row.get("version_rows", []) if _has_version_view(row) else []:
+        for version in row.get("version_rows", []) if has_version_view(row) else []:
             table.add_row(*version_cells(version), style="dim" if version["state"] != "serving" else "")
     table.caption = CAPTION
     return table

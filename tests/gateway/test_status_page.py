@@ -52,6 +52,15 @@ def test_every_value_is_escaped():
     assert '<meta http-equiv="refresh" content="2">' in page
 
 
+def test_version_rows_are_drawn_and_escaped():
+    version = {"version": "2", "state": "rolled back", "weight": 50, "share": 0, "success": 3, "failure": 7,
+               "error_ratio": 0.7, "avg_latency_ms": 1.5, "reason": "<script>alert(4)</script>"}  # fmt: skip
+    one = {**version, "version": "1", "state": "serving", "share": 100, "reason": ""}
+    page = render_page({"time": time.time(), "models": [_row(version_rows=[one, version])], "counts": {}})
+    assert "└ v2" in page and "rolled back 50%-&gt;0%" in page and "70.0% errors" in page
+    assert "<script>" not in page and "&lt;script&gt;alert(4)&lt;/script&gt;" in page
+
+
 def test_no_models():
     page = render_page({"time": time.time(), "models": [], "counts": {}})
     assert "no models in the registry" in page
