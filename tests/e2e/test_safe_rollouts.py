@@ -6,7 +6,8 @@ version whose ``model.onnx`` is corrupt, a new version of a Python model whose
 reload fails for any reason the already loaded model will be unchanged and will remain
 loaded", model_management.md), and the failure shows at once in the repository index
 (per version), the ``naiad_model_load_failures_total`` counter, the log and ``naiad status``.
-A fixed upload then goes live without a restart.
+A worker killed meanwhile is replaced by one that loads what serves; a fixed upload then goes
+live without a restart.
 """
 
 from __future__ import annotations
@@ -125,6 +126,14 @@ def test_bad_uploads_under_load_fail_no_request(naiad_server, redis_url, s3_endp
         assert failures_counted(server, "digits") == 1
         assert "model 'digits' changed: READY reload failed" in server.log()
 
+        # A worker killed now is replaced by one that loads the kept entry, not the broken file.
+        [worker] = server.worker_processes("digits")
+        worker.kill()
+        wait_for(lambda: [p.pid for p in server.worker_processes("digits")] not in ([], [worker.pid]),
+                 60, "a successor worker")  # fmt: skip
+        served = len(load.versions("digits"))
+        wait_for(lambda: len(load.versions("digits")) > served + 10, 60, "digits answered by the successor")
+
         # 2. A new version whose model file does not load: version 1 keeps serving.
         put("digits/config.pbtxt", good_config)
         put("digits/2/model.onnx", b"\x00 not a model " * 8)
@@ -148,8 +157,8 @@ def test_bad_uploads_under_load_fail_no_request(naiad_server, redis_url, s3_endp
             assert snapshot["py"]["problem"].startswith("reload failed (still serving version 1)")
 
         run_scenario(redis_url, check_status)
-        served = len(load.answers)
-        wait_for(lambda: len(load.answers) > served + 10, 30, "requests still answered")
+        answered = len(load.answers)
+        wait_for(lambda: len(load.answers) > answered + 10, 30, "requests still answered")
         assert set(load.versions("digits")) == {"1"} and set(load.versions("py")) == {"1"}
 
         # 4. The fixed upload goes live without a restart.
