@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import time
@@ -23,11 +24,12 @@ from redis.exceptions import RedisError
 from gateway.classification import classify
 from gateway.dispatcher import QueueDispatcher
 from gateway.ensemble import EnsembleScheduler
-from gateway.registry import ModelRegistry
+from gateway.registry import UNLOADED, ModelRegistry
 from gateway.response_cache import CacheTrace, ResponseCache
+from gateway.rollouts import Rollouts
 from gateway.shared_memory import SystemSharedMemory
 from gateway.validation import client_shape, validate_request, wire_datatype
-from naiad import __version__, logs, queue_policy, stats, tracing
+from naiad import __version__, logs, queue_policy, stats, telemetry, tracing
 from naiad.errors import (
     InvalidInput,
     ModelControlDisabled,
@@ -63,6 +65,9 @@ EXTENSIONS = [
 #: Largest input read from one shared memory region when the server sets no limit, in bytes.
 MAX_SHM_READ_BYTES = 2**31 - 1
 
+#: Most shadow copies (``naiad.shadow_version``) one gateway has in flight at once.
+MAX_SHADOW_INFLIGHT = 256
+
 #: Triton's platform string per normalised backend name (model metadata's ``platform``).
 PLATFORMS = {
     "onnxruntime": "onnxruntime_onnx",
@@ -87,6 +92,27 @@ def check_scheduling_parameters(parameters: dict[str, Any]) -> None:
             continue
         if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**64:
             raise InvalidInput(f"parameter '{name}' must be a non-negative integer, got {value!r}")
+
+
+def index_rows(entry: ModelEntry, rolled_back: dict[int, str] | None = None) -> list[dict[str, str]]:
+    """Triton's repository index rows of one model: one ``{name, version, state, reason}``
+    per version it serves or failed to load (ascending), a failed one UNAVAILABLE with its
+    own reason; ``version`` absent when none is known. A model that keeps serving after a
+    failed change has READY rows whose ``reason`` says what failed; a version rolled back
+    automatically (``rolled_back``: version -> why) stays READY (a request naming it gets
+    it) with that reason."""
+    versions = sorted({*entry.versions, *entry.failed})
+    if not versions:
+        return [{"name": entry.name, "state": entry.state, "reason": entry.reason}]
+    rows = []
+    for version in versions:
+        state, reason = entry.state, entry.reason
+        if version in entry.failed:
+            state, reason = "UNAVAILABLE", entry.failed[version]
+        elif rolled_back and version in rolled_back:
+            reason = rolled_back[version]
+        rows.append({"name": entry.name, "version": str(version), "state": state, "reason": reason})
+    return rows
 
 
 class DataPlane:
@@ -114,6 +140,8 @@ class DataPlane:
         self.request_timeout_s = request_timeout_s
         self.model_control_mode = model_control_mode
         self.ensembles = EnsembleScheduler(self.resolve, self._serve, redis)  # steps: _serve
+        self.rollouts = Rollouts(redis, registry)
+        self._shadows: set[asyncio.Task] = set()
         self.stats_writer = StatsWriter(redis)
         # Triton's system shared memory regions, registered with this gateway process.
         self.shared_memory = shared_memory or SystemSharedMemory(MAX_SHM_READ_BYTES)
@@ -137,6 +165,15 @@ class DataPlane:
         else by the server's ``--max-queue-size``; its queue timeout; ``preserve_ordering``."""
         return queue_policy.place(entry.name, entry.config, request.parameters, self.max_queue_size)
 
+    async def close(self) -> None:
+        """After the endpoints closed: cancel the shadow copies still waiting (their answers
+        would be discarded anyway), finish writing rollback decisions, flush statistics."""
+        for task in list(self._shadows):
+            task.cancel()
+        await asyncio.gather(*self._shadows, return_exceptions=True)
+        await self.rollouts.close()
+        await self.stats_writer.flush()
+
     @staticmethod
     def live() -> bool:
         return True
@@ -158,26 +195,54 @@ class DataPlane:
         """The registry entry and the version number a request addresses.
 
         An empty ``version`` means the newest version the policy serves. Raises
-        :class:`ModelNotFound` (unknown model or version), :class:`InvalidInput`
-        (non-numeric version), :class:`ModelNotReady` (broken config or files).
+        :class:`ModelNotFound` (unknown model or version, or a model unloaded in explicit
+        mode: Triton answers NOT_FOUND to those), :class:`InvalidInput` (non-numeric
+        version), :class:`ModelNotReady` (broken config or files).
         """
         entry = await self.registry.get(name)
+        if not entry.ready and entry.reason == UNLOADED:
+            raise ModelNotFound(f"Request for unknown model: '{name}' is not found ({UNLOADED})")
         if entry.state != "READY" or entry.config is None:
             raise ModelNotReady(f"model '{name}' is not ready: {entry.reason}")
         if not version:
             return entry, max(entry.versions)
         if not (version.isascii() and version.isdigit() and len(version) <= 18):
             raise InvalidInput(f"model version must be a positive integer, got '{version}'")
+        failed = entry.failed.get(int(version))
+        if failed is not None:
+            raise ModelNotReady(f"model '{name}' version {version} is not ready: {failed}")
         if int(version) not in entry.versions:
             raise ModelNotFound(f"model '{name}' has no version {version}")
         return entry, int(version)
 
+    async def route(
+        self, name: str, version: str = "", route_key: str | None = None
+    ) -> tuple[ModelEntry, int]:
+        """:meth:`resolve` for an inference: a request that names no version goes to one by
+        the model's ``naiad.traffic_split`` (less the versions rolled back; ``route_key``:
+        sticky, :mod:`naiad.rollout`), else to the newest."""
+        entry, number = await self.resolve(name, version)
+        if version:
+            return entry, number
+        return entry, self.rollouts.route(entry, route_key)
+
     async def model_ready(self, name: str, version: str = "") -> bool:
+        return not await self.model_readiness(name, version)
+
+    async def model_readiness(self, name: str, version: str = "") -> str:
+        """"" when model ``name`` (``version``: that one) can serve, else why not: the
+        reason metadata and the repository index give. Raises :class:`ModelNotFound` for a
+        model the repository does not hold, :class:`InvalidInput` for a malformed version."""
         try:
             await self.resolve(name, version)
-        except ModelNotReady:
-            return False
-        return True
+        except ModelNotReady as exc:
+            return exc.message
+        except ModelNotFound as exc:
+            entry = await self.registry.get(name)  # unknown model: raises again
+            if entry.reason == UNLOADED and not entry.ready:
+                return f"model '{name}' is not ready: {UNLOADED}"
+            raise exc from None
+        return ""
 
     async def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
         """KServe v2 model metadata; ``versions`` lists the served versions, or only the one
@@ -215,18 +280,11 @@ class DataPlane:
         return config_to_triton_json(await self.model_config(name, version))
 
     async def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
-        """Triton's repository index: one ``{name, version, state, reason}`` per model
-        (``version``: the newest served one, absent when none is known)."""
+        """Triton's repository index (:func:`index_rows`), of every model or the READY rows."""
         await self.registry.sync()
-        index = []
-        for entry in self.registry.entries():
-            if ready_only and not entry.ready:
-                continue
-            item = {"name": entry.name, "state": entry.state, "reason": entry.reason}
-            if entry.versions:
-                item["version"] = str(max(entry.versions))
-            index.append(item)
-        return index
+        rows = [row for entry in self.registry.entries()
+                for row in index_rows(entry, self.registry.rolled_back(entry.name))]  # fmt: skip
+        return [row for row in rows if row["state"] == "READY"] if ready_only else rows
 
     def _check_model_control(self) -> None:
         if self.model_control_mode == "poll":
@@ -250,8 +308,8 @@ class DataPlane:
             raise InvalidInput("load parameter 'config' must be a string holding a JSON model config")
         override = parse_config_json(config, name) if config else None
         entry = await self.registry.load(name, override)
-        if not entry.ready:
-            raise ModelNotReady(f"failed to load '{name}': {entry.reason}")
+        if entry.problem:  # not loaded, or a version failed: what served before still serves
+            raise ModelNotReady(f"failed to load '{name}': {entry.problem}")
 
     async def unload_model(self, name: str, parameters: dict[str, Any]) -> None:
         """Unload ``name``: not ready, requests refused, its workers drain and exit.
@@ -297,7 +355,32 @@ class DataPlane:
         failure, with its duration here (Triton counts only requests that reach the model).
         """
         entry = await self.registry.get(request.model)
+        self._shadow(entry, request)
         return await self._serve(entry, request)
+
+    def _shadow(self, entry: ModelEntry, request: InferRequest) -> None:
+        """Send a copy of ``request`` to the model's shadow version when its share draws it
+        (``naiad.shadow_version``), in the background: its answer is discarded, it never
+        delays the caller, and it is counted apart (``naiad_shadow_requests_total``). At most
+        :data:`MAX_SHADOW_INFLIGHT` copies wait at once; more are not sent."""
+        version = self.rollouts.shadow(entry, request.version)
+        if version is None or is_ensemble(entry.config) or len(self._shadows) >= MAX_SHADOW_INFLIGHT:
+            return
+        copy = dataclasses.replace(request, version=version, id=f"shadow-{request.id}" if request.id else "")
+        task = asyncio.get_running_loop().create_task(self._run_shadow(entry, copy))
+        self._shadows.add(task)
+        task.add_done_callback(self._shadows.discard)
+
+    async def _run_shadow(self, entry: ModelEntry, copy: InferRequest) -> None:
+        try:
+            validate_request(entry.config, copy)
+            timeout_s = self._timeout_s(copy)
+            await self.dispatcher.infer(copy, timeout_s, placement=self.placement(entry, copy))
+            ok = True
+        except Exception as exc:  # noqa: BLE001 - a shadow's failure is only counted
+            logger.debug("shadow copy to version %d failed: %s", copy.version, exc)
+            ok = False
+        self.stats_writer.add(lambda pipe: telemetry.add_shadow(pipe, copy.model, copy.version, ok))
 
     async def _serve(
         self, entry: ModelEntry, request: InferRequest, timeout_s: float | None = None
@@ -315,8 +398,10 @@ class DataPlane:
             if isinstance(exc, ModelNotReady):  # its load failed in a worker, now in the registry
                 self.registry.expire()
             self._record(request, False, started_ns, trace, stats.failure_reason(exc))
+            self.rollouts.observe(entry, request.version, exc)
             raise
         self._record(request, True, started_ns, trace)
+        self.rollouts.observe(entry, request.version, None)
         return response
 
     async def _answer(

@@ -34,6 +34,7 @@ from gateway.grpc_codec import (
     to_shared_memory_status,
 )
 from gateway.shared_memory import shared_memory_outputs, unsupported_cuda
+from naiad import rollout
 from naiad.errors import GRPC_CODES, InvalidInput, ModelNotFound, Unauthenticated, Unsupported, as_naiad_error
 
 logger = logging.getLogger(__name__)
@@ -262,7 +263,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelInferResponse:
         with self._dp.admit():  # the gateway's in-flight bound (UNAVAILABLE when full)
-            entry, version = await self._dp.resolve(request.model_name, request.model_version)
+            route_key = _metadata(context, rollout.ROUTE_METADATA)
+            entry, version = await self._dp.route(request.model_name, request.model_version, route_key)
             infer_request = from_infer_request(request, entry.name, version, self._shm)
             infer_request.parameters = bounded_timeout(
                 infer_request.parameters, context.time_remaining(), self._dp.request_timeout_s
@@ -327,6 +329,14 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     CudaSharedMemoryUnregister = CudaSharedMemoryStatus
     TraceSetting = _unsupported("the trace extension")
     LogSettings = _unsupported("the logging extension")
+
+
+def _metadata(context: grpc.aio.ServicerContext, key: str) -> str | None:
+    """The value of invocation metadata ``key`` (lower case), or None."""
+    for item in context.invocation_metadata() or ():
+        if item.key == key:
+            return item.value if isinstance(item.value, str) else None
+    return None
 
 
 @contextlib.asynccontextmanager

@@ -30,6 +30,7 @@ from gateway.http_codec import HEADER_LENGTH, parse_infer_request, parse_raw_req
 from gateway.http_encoding import COMPRESS_MIN_BYTES, accepted_coding, compress, decode_body
 from gateway.shared_memory import unsupported_cuda
 from gateway.status_page import render_page
+from naiad import rollout
 from naiad.errors import InvalidInput, Unavailable, as_naiad_error
 from naiad.status import status_snapshot
 
@@ -121,7 +122,8 @@ async def model_metadata(request: web.Request) -> web.Response:
 
 
 async def model_ready(request: web.Request) -> web.Response:
-    return _status(await _dp(request).model_ready(*_model(request)))
+    reason = await _dp(request).model_readiness(*_model(request))  # Triton: 400 with no reason
+    return web.Response(status=200) if not reason else error_response(HTTPStatus.BAD_REQUEST, reason)
 
 
 async def model_config(request: web.Request) -> web.Response:
@@ -167,7 +169,7 @@ async def infer(request: web.Request) -> web.Response:
 
 async def _infer(request: web.Request) -> web.Response:
     dp = _dp(request)
-    entry, version = await dp.resolve(*_model(request))
+    entry, version = await dp.route(*_model(request), request.headers.get(rollout.ROUTE_HEADER))
     body = await read_body(request)
     header_length = _header_length(request)
     if header_length == 0 and entry.config is not None:  # a Raw Binary Request

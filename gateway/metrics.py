@@ -17,7 +17,9 @@ serves every version, so it is reported under the newest). Of this machine: ``nv
 ``naiad_cold_starts_total``, ``naiad_cold_start_seconds`` (histogram),
 ``naiad_warm_pool_claims_total``, ``naiad_model_download_bytes_total``,
 ``naiad_model_download_seconds_total``, ``naiad_model_loads_total``,
-``naiad_model_load_seconds_total`` and ``naiad_scaler_decisions_total`` (label ``action``).
+``naiad_model_load_seconds_total``, ``naiad_model_load_failures_total``,
+``naiad_scaler_decisions_total`` (label ``action``), ``naiad_rollbacks_total`` (label
+``version``) and ``naiad_shadow_requests_total`` (labels ``version``, ``outcome``).
 
 prometheus_client's exposition names a counter's HELP/TYPE lines ``<name>_total``; Triton's
 counters carry no such suffix, so :func:`render` writes a counter's lines under the name its
@@ -171,6 +173,9 @@ def _naiad_families(models: list[telemetry.ModelTelemetry]) -> Iterable[Metric]:
                                     lambda m: m.loads),
         "naiad_model_load_seconds_total": ("Seconds spent loading model versions into a backend, "
                                            "after the pull.", lambda m: m.load_seconds),
+        "naiad_model_load_failures_total": ("Changes of the model (poll, explicit load, worker load) that "
+                                            "failed to index or load; what served before keeps serving.",
+                                            lambda m: m.load_failures),
     }  # fmt: skip
     for name, (documentation, read) in counters.items():
         family = counter(name, documentation)
@@ -191,6 +196,18 @@ def _naiad_families(models: list[telemetry.ModelTelemetry]) -> Iterable[Metric]:
             buckets = [("+Inf" if b == float("inf") else format(b, "g"), n) for b, n in observed.buckets]
             family.add_metric([model.name], buckets, observed.sum)
         yield family
+    rollbacks = counter("naiad_rollbacks_total",
+                        "Automatic rollbacks of a canary version (naiad.rollback_error_rate).")
+    shadows = counter("naiad_shadow_requests_total",
+                      "Shadow copies sent to a version (naiad.shadow_version), by outcome.")
+    for model in models:
+        for version, count in sorted(model.rollbacks.items()):
+            rollbacks.add_sample(rollbacks.name, {"model": model.name, "version": str(version)}, count)
+        for (version, outcome), count in sorted(model.shadows.items()):
+            labels = {"model": model.name, "version": str(version), "outcome": outcome}
+            shadows.add_sample(shadows.name, labels, count)
+    yield rollbacks
+    yield shadows
     decisions = counter("naiad_scaler_decisions_total", "Decisions of the local scaler, by action.")
     for model in models:
         for action, count in model.scaler_decisions.items():

@@ -38,12 +38,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from naiad import keys
+from naiad import keys, rollout, telemetry
 from naiad.errors import ModelNotFound, RepositoryError
 from repository_store import (
     UNAVAILABLE,
@@ -53,6 +54,7 @@ from repository_store import (
     index_model,
     index_models,
     index_repository,
+    keep_last_good,
     resolve_ensembles,
 )
 from repository_store.ensemble import composing_models, is_ensemble
@@ -81,6 +83,7 @@ class ModelRegistry:
         self.store = store
         self.load_check = load_check
         self._entries: dict[str, ModelEntry] = {}
+        self._rollbacks: dict[str, dict[int, str]] = {}
         self._generation: int | None = None
         self._synced_at = float("-inf")
         self._fingerprints: dict[str, str] = {}
@@ -100,15 +103,26 @@ class ModelRegistry:
         await self.index()
 
     async def index(self) -> dict[str, ModelEntry]:
-        """Re-read the whole repository into Redis. Raises RepositoryError if unreachable."""
-        entries = await asyncio.to_thread(index_repository, self.store)
+        """Re-read the whole repository into Redis; an entry that would replace a different,
+        serving one is load-checked first, and a failure keeps that one (:meth:`_settle`: a
+        gateway starting during a bad upload takes nothing down). Raises RepositoryError if
+        unreachable."""
+        fresh = await asyncio.to_thread(index_repository, self.store)
+        try:
+            current = await self._read_all()
+        except ValueError as exc:  # a malformed entry: index from scratch, as with none
+            logger.warning("registry in Redis unreadable (%s): indexing from scratch", exc)
+            current = {}
+        entries, failures = await self._settle(fresh, current, serving_only=True)
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.delete(keys.REGISTRY)
             if entries:
                 pipe.hset(keys.REGISTRY, mapping={n: e.to_bytes() for n, e in entries.items()})
             pipe.incr(GENERATION)
             *_, generation = await pipe.execute()
+        await self._count_failures(failures)
         self._entries, self._generation = resolve_ensembles(entries), generation
+        self._rollbacks = await self._read_rollbacks()
         for entry in self._entries.values():
             if entry.state != "READY":
                 logger.warning("model '%s' is unavailable: %s", entry.name, entry.reason)
@@ -123,6 +137,7 @@ class ModelRegistry:
         wanted = set(names) if ALL_MODELS in load else set(load)
         loaded = {name: await asyncio.to_thread(index_model, self.store, name) for name in sorted(wanted)}
         loaded = await self._with_composing(loaded)
+        loaded, failures = await self._settle(loaded, await self._read(sorted(loaded)), serving_only=True)
         async with self.redis.pipeline(transaction=True) as pipe:
             for name in names:
                 if name not in loaded:
@@ -131,25 +146,73 @@ class ModelRegistry:
                 pipe.hset(keys.REGISTRY, mapping={n: e.to_bytes() for n, e in loaded.items()})
             pipe.incr(GENERATION)
             await pipe.execute()
+        await self._count_failures(failures)
         await self.sync()
         logger.info("explicit model control: loaded %s", ", ".join(sorted(loaded)) or "no model")
 
     async def poll(self) -> bool:
-        """Re-index the models whose files changed since the last poll (fingerprints) and
-        write only the entries that differ (new, changed and removed models) with one
-        generation bump; nothing at all when nothing changed. True if something did.
-        Raises RepositoryError if the repository is unreachable (the next poll retries)."""
+        """Re-index the models whose files changed since the last poll (fingerprints),
+        load-check the changed ones, and write only the entries that differ (new, changed and
+        removed models) with one generation bump; nothing at all when nothing changed. A
+        change that fails leaves what was serving serving (:func:`keep_last_good`). True if
+        something was written. Raises RepositoryError if the repository is unreachable (the
+        next poll retries)."""
         prints = await asyncio.to_thread(self.store.fingerprints)
         known = {name.decode() for name in await self.redis.hkeys(keys.REGISTRY)}
         stale = sorted(n for n, p in prints.items() if self._fingerprints.get(n) != p or n not in known)
         self.last_poll_indexed = stale
         fresh = await asyncio.to_thread(index_models, self.store, stale) if stale else {}
         current = await self._read(stale)
-        changed = {n: e for n, e in fresh.items() if current.get(n) != e}
+        settled, failures = await self._settle(fresh, current)
+        changed = {name: entry for name, entry in settled.items() if entry != current.get(name)}
+        failures = {name: why for name, why in failures.items() if name in changed}  # counted once
         removed = sorted(known - set(prints))
         if not changed and not removed:
             self._fingerprints = prints
             return False
+        await self._write(changed, removed, failures)
+        self._fingerprints = prints  # only once written: a failed write is retried next poll
+        for name, entry in sorted(changed.items()):
+            verb = "changed" if name in current else "added"
+            log = logger.warning if name in failures else logger.info
+            log("model '%s' %s: %s %s", name, verb, entry.state, entry.problem)
+        for name in removed:
+            logger.info("model '%s' removed from the repository", name)
+        await self.sync()
+        return True
+
+    async def _settle(
+        self, fresh: dict[str, ModelEntry], current: dict[str, ModelEntry], serving_only: bool = False
+    ) -> tuple[dict[str, ModelEntry], dict[str, str]]:
+        """What to publish for each ``fresh`` entry given the ``current`` ones (Redis): an
+        unchanged one as it is; a changed one load-checked (:meth:`_checked`; with
+        ``serving_only``, only where it replaces a serving entry) and settled by
+        :func:`keep_last_good`. Also the failed changes, model -> what failed."""
+        settled, failures = {}, {}
+        for name, entry in fresh.items():
+            previous = current.get(name)
+            if previous == entry or (serving_only and (previous is None or not previous.ready)):
+                settled[name] = entry
+                continue
+            candidate = await self._checked(entry)
+            settled[name] = keep_last_good(previous, candidate)
+            if candidate.problem:
+                failures[name] = candidate.problem
+                logger.warning("model '%s': the change failed: %s", name, candidate.problem)
+        return settled, failures
+
+    async def _count_failures(self, failures: dict[str, str]) -> None:
+        """Count one load failure for each model of ``failures``."""
+        if failures:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for name in failures:
+                    telemetry.add_load_failure(pipe, name)
+                await pipe.execute()
+
+    async def _write(self, changed: dict[str, ModelEntry], removed: Sequence[str] = (),
+                     failures: dict[str, str] | None = None) -> None:  # fmt: skip
+        """Write ``changed`` entries, delete ``removed`` ones and bump the generation in one
+        transaction, counting one load failure for each model of ``failures``."""
         async with self.redis.pipeline(transaction=True) as pipe:
             if changed:
                 pipe.hset(keys.REGISTRY, mapping={n: e.to_bytes() for n, e in changed.items()})
@@ -157,40 +220,39 @@ class ModelRegistry:
                 pipe.hdel(keys.REGISTRY, *removed)
             pipe.incr(GENERATION)
             await pipe.execute()
-        self._fingerprints = prints  # only once written: a failed write is retried next poll
-        for name, entry in sorted(changed.items()):
-            verb = "changed" if name in current else "added"
-            logger.info("model '%s' %s: %s %s", name, verb, entry.state, entry.reason)
-        for name in removed:
-            logger.info("model '%s' removed from the repository", name)
-        await self.sync()
-        return True
+        await self._count_failures(failures or {})
 
     async def load(self, name: str, config: ModelConfig | None = None) -> ModelEntry:
         """Re-read model ``name`` from the repository (``config`` replacing its config.pbtxt),
         load it (and the composing models indexed with an ensemble) with ``load_check``, and
-        publish the result, READY or UNAVAILABLE with the reason. Raises ModelNotFound if
+        publish the result, READY or UNAVAILABLE with the reason; a load that fails leaves
+        what was serving serving (:func:`keep_last_good`), its ``reason`` saying why. The
+        caller reads the failure in the returned entry's ``problem``. Raises ModelNotFound if
         the repository has no such model, RepositoryError when the check could not reach it."""
         entry = await asyncio.to_thread(index_model, self.store, name, config)
         entries = await self._with_composing({name: entry})
+        current = await self._read(sorted(entries))
+        failures = {}
         for key, candidate in sorted(entries.items()):
-            entries[key] = await self._checked(candidate)
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(keys.REGISTRY, mapping={n: e.to_bytes() for n, e in entries.items()})
-            pipe.incr(GENERATION)
-            await pipe.execute()
+            candidate = await self._checked(candidate)
+            if candidate.problem:
+                failures[key] = candidate.problem
+                logger.warning("model '%s' failed to load: %s", key, candidate.problem)
+            entries[key] = keep_last_good(current.get(key), candidate)
+        await self._write(entries, failures=failures)
         await self.sync()
-        return self._entries.get(name, entry)  # an ensemble's: as its composing models allow
+        return self._entries.get(name, entries[name])  # an ensemble's: as its composing models allow
 
     async def _checked(self, entry: ModelEntry) -> ModelEntry:
-        """``entry``, or UNAVAILABLE with the load error when ``load_check`` fails it."""
+        """``entry`` with each version that ``load_check`` fails moved to ``failed`` (all
+        failed: UNAVAILABLE with the load error); each version is tried on its own."""
         if self.load_check is None or not entry.ready or is_ensemble(entry.config):
             return entry
-        reason = await self.load_check(entry)
-        if reason is None:
-            return entry
-        logger.warning("model '%s' failed to load: %s", entry.name, reason)
-        return entry.load_failed(reason)
+        for version in list(entry.versions):
+            reason = await self.load_check(replace(entry, versions=[version]))
+            if reason is not None:
+                entry = entry.load_failed(reason, version)
+        return entry
 
     async def _with_composing(self, loaded: dict[str, ModelEntry]) -> dict[str, ModelEntry]:
         """``loaded`` plus the composing models of its ensembles (nested ones too) that are
@@ -220,10 +282,7 @@ class ModelRegistry:
         return unloaded
 
     async def _put(self, entry: ModelEntry) -> None:
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(keys.REGISTRY, entry.name, entry.to_bytes())
-            pipe.incr(GENERATION)
-            await pipe.execute()
+        await self._write({entry.name: entry})
         await self.sync()
 
     async def _read(self, names: list[str]) -> dict[str, ModelEntry]:
@@ -250,7 +309,21 @@ class ModelRegistry:
         if generation == self._generation:
             return
         self._entries = resolve_ensembles(await self._read_all())
+        self._rollbacks = await self._read_rollbacks()
         self._generation = generation
+
+    async def _read_rollbacks(self) -> dict[str, dict[int, str]]:
+        """The automatic rollbacks in force (:data:`naiad.keys.ROLLBACKS`), by model."""
+        raw = await self.redis.hgetall(keys.ROLLBACKS)
+        models = {field.decode(errors="replace").rpartition("/")[0] for field in raw}
+        digests = {name: rollout.config_digest(self._entries[name].config) for name in models
+                   if name in self._entries and self._entries[name].config is not None}  # fmt: skip
+        return rollout.parse_rollbacks(raw, digests)
+
+    def rolled_back(self, name: str) -> dict[int, str]:
+        """Versions of ``name`` rolled back automatically under its current config, with why
+        (as of the last sync)."""
+        return self._rollbacks.get(name, {})
 
     async def _rebuild(self) -> None:
         """Index again after Redis lost the registry; concurrent callers wait for one

@@ -126,7 +126,7 @@ async def run_gateway(settings: Settings, redis_url: str, stop: asyncio.Event) -
             shared_memory=SystemSharedMemory(settings.http_max_body_bytes),
         )
         stack.callback(dataplane.shared_memory.close)  # after the endpoints closed
-        stack.push_async_callback(dataplane.stats_writer.flush)  # after the endpoints closed
+        stack.push_async_callback(dataplane.close)  # after the endpoints closed
         await stack.enter_async_context(_endpoints(settings, dataplane))
         # /metrics is the 'metrics' API group of --http-restricted-api.
         metrics = create_metrics_app(

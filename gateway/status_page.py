@@ -11,7 +11,7 @@ from html import escape
 from typing import Any
 
 from naiad import __version__
-from naiad.status import BUSY_WINDOW_S, CAPTION, COLUMNS, STATES, cell
+from naiad.status import BUSY_WINDOW_S, CAPTION, COLUMNS, STATES, cell, has_version_view, version_cells
 
 REFRESH_S = 2
 
@@ -48,6 +48,11 @@ def _row(row: dict[str, Any]) -> str:
     if row["state"] == "unavailable" and row["reason"]:
         span = len(COLUMNS) - 1
         html += f'<tr><td></td><td class="l reason" colspan="{span}">{escape(row["reason"])}</td></tr>'
+    for version in row.get("version_rows", []) if has_version_view(row) else []:
+        texts = zip(COLUMNS, version_cells(version), strict=True)
+        cells = "".join(f'<td class="{"l" if key in LEFT else "r"}">{escape(text)}</td>'
+                        for (_, key), text in texts)  # fmt: skip
+        html += f'<tr class="version">{cells}</tr>'
     return html
 
 

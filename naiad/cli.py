@@ -311,17 +311,18 @@ def cmd_deploy(args: argparse.Namespace, settings: Settings) -> int:
         load_check = None
         if args.load_check:
             from workers.load_check import load_check  # noqa: PLC0415
-        model = validate_model_dir(args.model_dir, args.name, load_check)
         store = open_store(settings.model_repository)
         store.check()
+        model = validate_model_dir(args.model_dir, args.name, load_check, repository=store)
         plan = plan_upload(model, store)
         if plan.uploads or plan.folders:
             _upload_with_progress(plan, store, upload)
     except (NaiadError, ImportError) as exc:
         print(f"naiad deploy: {getattr(exc, 'message', exc)}", file=sys.stderr)
         return 1
+    folders = f", {len(plan.folders)} empty version folders created" if plan.folders else ""
     print(f"deployed '{model.name}' (versions {', '.join(map(str, model.versions))}) to {store.uri}: "
-          f"{len(plan.uploads)} files uploaded, {len(plan.unchanged)} unchanged")
+          f"{len(plan.uploads)} files uploaded, {len(plan.unchanged)} unchanged{folders}")
     return 0
 
 

@@ -20,6 +20,13 @@ REGISTRY = f"{PREFIX}:registry"
 #: same value needs no reload (gateways check it at most once a second, workers per heartbeat).
 REGISTRY_GENERATION = f"{REGISTRY}:generation"
 
+#: Hash: ``<model>/<version>`` -> ``"<config digest> <reason>"``: the automatic rollbacks of
+#: canary versions (:mod:`naiad.rollout`, ``gateway/rollouts.py``). Written once per decision by
+#: the gateway that took it (one Lua script, which also bumps :data:`REGISTRY_GENERATION`, so
+#: every gateway reloads it with the registry); a decision holds while the model's config
+#: digest is the one it names (a changed config ends it). No TTL: it survives gateway restarts.
+ROLLBACKS = f"{PREFIX}:rollbacks"
+
 #: List the gateways push model names onto when a request finds no worker; the scaler
 #: blocks on it (BLPOP), so a cold start begins within one round trip.
 SCALER_WAKE = f"{PREFIX}:scaler:wake"
@@ -66,7 +73,8 @@ def stats(model: str) -> str:
 def lifecycle(model: str) -> str:
     """Hash of ``model``'s lifecycle counters, what Triton has no statistic for: cold starts
     (count, duration sum, histogram buckets), downloads of its versions (bytes, seconds) and
-    the scaler's decisions, integer fields (see :mod:`naiad.telemetry`)."""
+    the scaler's decisions, failed loads, rollbacks and shadow copies, integer fields (see
+    :mod:`naiad.telemetry`)."""
     return f"{PREFIX}:{{{model}}}:lifecycle"
 
 

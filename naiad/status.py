@@ -13,6 +13,10 @@ gets a ``state``:
 - ``idle``: workers up, nothing for that long (they exit after ``--idle-timeout``);
 - ``unavailable``: the registry entry is not READY (``reason`` says why).
 
+``problem`` says what is wrong even while the model serves: a change (poll, explicit load)
+that failed while the previous one keeps serving, or versions that failed to load
+(``failed_versions``); ``load_failures`` counts such failed changes.
+
 Latency percentiles (p50, p99) are estimated from the request-duration histogram the
 gateway keeps per model version (:data:`naiad.stats.REQUEST_BUCKETS_S`), by linear
 interpolation within a bucket as Prometheus's ``histogram_quantile`` does; the mean comes
@@ -31,7 +35,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
-from naiad import keys, queue_policy, telemetry
+from naiad import keys, queue_policy, rollout, telemetry
 from repository_store import ModelEntry, resolve_ensembles
 
 STATES = ("asleep", "waking", "busy", "idle", "unavailable")
@@ -67,7 +71,10 @@ def _model_row(
         "name": entry.name,
         "state": _state(entry, tele.workers, queue, last_ms, now),
         "reason": entry.reason,
+        "problem": entry.problem,
         "versions": [str(v) for v in entry.versions],
+        "failed_versions": {str(v): why for v, why in sorted(entry.failed.items())},
+        "load_failures": tele.load_failures,
         "workers": tele.workers,
         "queue": queue,
         "in_flight": in_flight,
@@ -87,6 +94,34 @@ def _model_row(
     }
 
 
+def _version_rows(
+    entry: ModelEntry, tele: telemetry.ModelTelemetry, rolled_back: dict[int, str]
+) -> list[dict[str, Any]]:
+    """One row per version served, failed or in the split: its configured ``weight`` and the
+    ``share`` it gets now (rollbacks taken out; None without a split), its ``state``
+    (``serving``, ``failed``, ``rolled back``), its requests, error ratio and mean latency."""
+    policy, _ = rollout.policy_of(entry.config, entry.versions) if entry.ready else (rollout.NONE, [])
+    weights, shares = dict(policy.split), dict(rollout.without(policy.split, set(rolled_back)))
+    stats_by_version = {int(s["version"]): s for s in tele.stats}
+    rows = []
+    for version in sorted({*entry.versions, *entry.failed, *weights}):
+        stat = stats_by_version.get(version)
+        ok = stat["inference_stats"]["success"]["count"] if stat else 0
+        ok_ns = stat["inference_stats"]["success"]["ns"] if stat else 0
+        failed = sum(tele.failures.get(version, {}).values())
+        state = "serving"
+        if version in entry.failed or version in rolled_back:
+            state = "failed" if version in entry.failed else "rolled back"
+        rows.append({
+            "version": str(version), "state": state, "weight": weights.get(version),
+            "share": shares.get(version, 0) if weights else None,
+            "success": ok, "failure": failed, "error_ratio": _ratio(failed, ok + failed),
+            "avg_latency_ms": ok_ns / ok / 1e6 if ok else None,
+            "reason": entry.failed.get(version) or rolled_back.get(version, ""),
+        })  # fmt: skip
+    return rows
+
+
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1e3
 
@@ -104,6 +139,15 @@ async def _in_flight(redis: Redis, streams: list[list[str]]) -> list[int]:
     return [sum(counts[end - len(names) : end]) for names, end in zip(streams, ends, strict=True)]
 
 
+async def _rollbacks(redis: Redis, entries: list[ModelEntry]) -> dict[str, dict[int, str]]:
+    """The automatic rollbacks in force (:data:`naiad.keys.ROLLBACKS`), by model."""
+    raw = await redis.hgetall(keys.ROLLBACKS)
+    if not raw:
+        return {}
+    digests = {e.name: rollout.config_digest(e.config) for e in entries if e.config is not None}
+    return rollout.parse_rollbacks(raw, digests)
+
+
 async def status_snapshot(redis: Redis) -> dict[str, Any]:
     """``{"time": unix s, "models": [row, ...], "counts": {state: n}}``, models by name;
     see :func:`_model_row` for a row's keys (``None`` where a ratio or mean has no data)."""
@@ -116,6 +160,10 @@ async def status_snapshot(redis: Redis) -> dict[str, Any]:
     in_flight = await _in_flight(redis, streams) if entries else []
     now = time.time()
     rows = [_model_row(*parts, now) for parts in zip(entries, tele, in_flight, strict=True)]
+    rolled_back = await _rollbacks(redis, entries)
+    for entry, row, model in zip(entries, rows, tele, strict=True):
+        row["rolled_back"] = {str(v): why for v, why in sorted(rolled_back.get(entry.name, {}).items())}
+        row["version_rows"] = _version_rows(entry, model, rolled_back.get(entry.name, {}))
     counts = {state: sum(row["state"] == state for row in rows) for state in STATES}
     return {"time": now, "models": rows, "counts": counts}
 
@@ -127,6 +175,7 @@ COLUMNS = (
     ("queue", "queue"), ("in flight", "in_flight"), ("ok", "success"), ("failed", "failure"),
     ("p50", "p50_ms"), ("p99", "p99_ms"), ("cache hits", "cache_hit_ratio"),
     ("cold starts", "cold_starts"), ("avg cold start", "cold_start_avg_s"),
+    ("load failures", "load_failures"), ("problem", "problem"),
 )  # fmt: skip
 
 
@@ -136,7 +185,7 @@ def cell(row: dict[str, Any], key: str) -> str:
     value = row[key]
     if key == "versions":
         return ",".join(value) or "-"
-    if value is None:
+    if value is None or value == "":
         return "-"
     if key in ("avg_latency_ms", "p50_ms", "p99_ms"):
         return f"{value:.1f} ms"
@@ -156,6 +205,27 @@ CAPTION = (
 STYLES = {"asleep": "dim", "waking": "yellow", "busy": "bold green", "idle": "green", "unavailable": "red"}
 
 
+def has_version_view(row: dict[str, Any]) -> bool:
+    """Per-version rows are drawn under a model with several versions or a split."""
+    versions = row.get("version_rows", [])
+    return len(versions) > 1 or any(v["weight"] is not None for v in versions)
+
+
+def version_cells(version: dict[str, Any]) -> list[str]:
+    """One version's row in the :data:`COLUMNS` layout: ``└ v<N>``, its state and split
+    share (configured weight -> share now), requests, failures, error ratio and mean latency."""
+    share = ""
+    if version["weight"] is not None:
+        now = f"->{version['share']}%" if version["share"] != version["weight"] else ""
+        share = f" {version['weight']}%{now}"
+    ratio = "-" if version["error_ratio"] is None else f"{version['error_ratio']:.1%} errors"
+    latency = "-" if version["avg_latency_ms"] is None else f"{version['avg_latency_ms']:.1f} ms avg"
+    by_key = {"name": f"└ v{version['version']}", "state": version["state"] + share,
+              "success": str(version["success"]), "failure": str(version["failure"]),
+              "p50_ms": latency, "p99_ms": ratio, "problem": version["reason"] or "-"}  # fmt: skip
+    return [by_key.get(key, "") for _, key in COLUMNS]
+
+
 def render_table(snapshot: dict[str, Any]) -> Any:
     """The snapshot as a ``rich`` table."""
     from rich.table import Table  # noqa: PLC0415
@@ -170,6 +240,8 @@ def render_table(snapshot: dict[str, Any]) -> Any:
         cells = [cell(row, key) for _, key in COLUMNS]
         cells[1] = Text(cells[1], style=STYLES.get(row["state"], ""))
         table.add_row(*cells)
+        for version in row.get("version_rows", []) if has_version_view(row) else []:
+            table.add_row(*version_cells(version), style="dim" if version["state"] != "serving" else "")
     table.caption = CAPTION
     return table
 

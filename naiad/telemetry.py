@@ -13,7 +13,12 @@ HINCRBY in a pipeline the caller sends:
   (:func:`add_download`; a version found in the local cache adds nothing);
 - ``load_count`` and ``load_us``: versions a worker loaded into its backend from the local
   folder, after the pull (:func:`add_load`);
-- ``scaler:<action>``: the local scaler's decisions (:func:`add_scaler_decision`; ``start``).
+- ``scaler:<action>``: the local scaler's decisions (:func:`add_scaler_decision`; ``start``);
+- ``rollbacks:<version>``: automatic rollbacks of a canary version (``gateway/rollouts.py``);
+  ``shadow:<version>:success|failure``: shadow copies sent to a version (:func:`add_shadow`);
+- ``load_failures``: changes of the model that failed to index or to load (a poll, an
+  explicit load, a worker's load; :func:`add_load_failure`), whether or not an earlier
+  version kept serving.
 
 Reading: :func:`snapshot` returns, per model, its statistics counters (:mod:`naiad.stats`),
 the lifecycle hash, its queue length and its live workers, from one Redis pipeline for all
@@ -62,6 +67,16 @@ def add_load(pipe: Pipeline, model: str, seconds: float) -> None:
     pipe.hincrby(key, "load_us", max(0, round(seconds * 1e6)))
 
 
+def add_load_failure(pipe: Pipeline, model: str) -> None:
+    """Queue one failed change of ``model`` (index or load; the reason is in the registry)."""
+    pipe.hincrby(keys.lifecycle(model), "load_failures", 1)
+
+
+def add_shadow(pipe: Pipeline, model: str, version: int, ok: bool) -> None:
+    """Queue one shadow copy sent to ``version`` of ``model`` and its outcome."""
+    pipe.hincrby(keys.lifecycle(model), f"shadow:{version}:{'success' if ok else 'failure'}", 1)
+
+
 def add_scaler_decision(pipe: Pipeline, model: str, action: str) -> None:
     """Queue one decision of the scaler about ``model`` (``start``: it started a worker)."""
     pipe.hincrby(keys.lifecycle(model), f"scaler:{action}", 1)
@@ -91,6 +106,11 @@ class ModelTelemetry:
     loads: int = 0
     load_seconds: float = 0.0
     warm_pool_claims: int = 0
+    load_failures: int = 0
+    rollbacks: dict[int, int] = field(default_factory=dict)
+    """Automatic rollbacks per version."""
+    shadows: dict[tuple[int, str], int] = field(default_factory=dict)
+    """Shadow copies per (version, ``success``/``failure``)."""
 
 
 def _decode(raw: dict[bytes, bytes]) -> dict[str, int]:
@@ -123,6 +143,10 @@ def model_telemetry(
         loads=lifecycle.get("load_count", 0),
         load_seconds=lifecycle.get("load_us", 0) / 1e6,
         warm_pool_claims=lifecycle.get("warm_pool_claims", 0),
+        load_failures=lifecycle.get("load_failures", 0),
+        rollbacks={int(f.split(":")[1]): n for f, n in lifecycle.items() if f.startswith("rollbacks:")},
+        shadows={(int(f.split(":")[1]), f.split(":")[2]): n for f, n in lifecycle.items()
+                 if f.startswith("shadow:") and f.count(":") == 2},  # fmt: skip
         scaler_decisions={
             f.removeprefix("scaler:"): n for f, n in sorted(lifecycle.items()) if f.startswith("scaler:")
         },

@@ -20,6 +20,7 @@ from repository_store.index import (
     index_model,
     index_models,
     index_repository,
+    keep_last_good,
     resolve_ensembles,
 )
 from repository_store.store import (
@@ -53,6 +54,7 @@ __all__ = [
     "index_model",
     "index_models",
     "index_repository",
+    "keep_last_good",
     "open_store",
     "parse_config",
     "parse_config_json",

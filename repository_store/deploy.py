@@ -4,13 +4,15 @@ Transport-free: the command line (``naiad/cli.py``) draws the progress bar and p
 the store (:class:`RepositoryStore`, local or S3) moves the bytes. Three steps, each usable
 alone:
 
-1. :func:`validate_model_dir` checks the folder the way the server will index it (Triton's
-   rules, :mod:`repository_store.index`) and a little stricter, so a mistake shows before any
-   byte is uploaded: the config parses and validates (or, without ``config.pbtxt``, is
-   auto-completed from the ONNX graph as the server will do), its ``name`` agrees with the
-   model's name, every sub-folder is a numeric version, *every* version holds the backend's
-   model file (a version outside the policy today may be selected tomorrow), the policy
-   selects at least one, and each output's label file exists. An optional ``load_check``
+1. :func:`validate_model_dir` indexes the folder with the server's own function
+   (:func:`repository_store.index.index_model` over :class:`ModelFolderStore`, the folder seen
+   as a one-model repository), so it refuses exactly what the server would mark
+   UNAVAILABLE (config, auto-completion, version policy, model files, labels, warmup files,
+   the config size limit), an ensemble also against the composing models the target
+   repository holds (:func:`repository_store.resolve_ensembles`, as the registry does). Then
+   a little stricter, so a mistake shows before any byte is uploaded: every sub-folder is a
+   numeric version, *every* version holds the backend's model file (a version outside the
+   policy today may be selected tomorrow). An optional ``load_check``
    (``workers.load_check.load_check``) loads each version with its backend.
 2. :func:`plan_upload` compares with what the repository already holds for that model and
    keeps only new or changed files (S3: size and ETag, multipart ETags included; a local
@@ -31,19 +33,17 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import onnx
-
 from naiad.errors import ConfigError, ModelNotFound, NaiadError
-from repository_store.autocomplete import ONNX_FILENAME, complete_from_onnx, needs_autocomplete
-from repository_store.config import (
-    ModelConfig,
-    backend_of,
-    default_model_filename,
-    parse_config,
-    select_versions,
-    validate_config,
+from repository_store.config import ModelConfig, backend_of, default_model_filename
+from repository_store.ensemble import composing_models, is_ensemble
+from repository_store.index import ModelEntry, index_model, missing_model_files, resolve_ensembles
+from repository_store.store import (
+    CONFIG_FILENAME,
+    FileInfo,
+    LocalStore,
+    RepositoryStore,
+    is_version_name,
 )
-from repository_store.store import CONFIG_FILENAME, FileInfo, RepositoryStore, is_version_name
 from repository_store.store import validate_model_name as _validate_name
 
 #: boto3's default multipart threshold and part size (``TransferConfig``): files above it are
@@ -52,6 +52,28 @@ S3_PART_BYTES = 8 * 1024 * 1024
 _MD5_ETAG = re.compile(r"^[0-9a-f]{32}(-[0-9]+)?$")
 
 LoadCheck = Callable[[Path, ModelConfig], None]
+
+
+class ModelFolderStore(LocalStore):
+    """One local model folder seen as a repository that holds only it, as model ``name``
+    (the folder's own name may differ). Symlinks are followed wherever they lead: deploy
+    uploads the bytes they point to."""
+
+    def __init__(self, folder: Path, name: str):
+        super().__init__(folder.parent)
+        self.folder, self.model_name = Path(os.path.abspath(folder)), name
+        self.uri, self.real_root = str(self.folder), os.sep
+
+    def list_models(self) -> list[str]:
+        return [self.model_name]
+
+    def model_exists(self, model: str) -> bool:
+        return model == self.model_name and self.folder.is_dir()
+
+    def _model_dir(self, model: str) -> Path:
+        if model != self.model_name:
+            raise ModelNotFound(f"model '{model}' is not in {self.uri}")
+        return self.folder
 
 
 @dataclass
@@ -82,26 +104,51 @@ class UploadPlan:
 
 
 def validate_model_dir(path: str | os.PathLike[str], name: str | None = None,
-                       load_check: LoadCheck | None = None) -> ModelFolder:
-    """Check model folder ``path`` (served as ``name``, default: the folder's name).
+                       load_check: LoadCheck | None = None,
+                       repository: RepositoryStore | None = None) -> ModelFolder:
+    """Check model folder ``path`` (served as ``name``, default: the folder's name) with the
+    index's own code (:func:`repository_store.index.index_model` over the folder) plus the
+    stricter checks of the module doc. An ensemble is also checked against the composing
+    models ``repository`` holds now (:func:`repository_store.resolve_ensembles`, as the
+    server's registry does), when given.
 
     :raises ConfigError: naming the first problem found.
+    :raises RepositoryError: ``repository`` cannot be read.
     """
     folder = Path(path)
     if not folder.is_dir():
         raise ConfigError(f"{folder} is not a folder")
     name = _model_name(name or folder.resolve().name)
     versions, files, empty = _layout(folder)
-    config = _config(folder, name, versions)
-    selected = select_versions(config, versions)
-    if not selected:
-        raise ConfigError(f"model '{name}': the version_policy selects none of the versions {versions}")
-    _check_model_files(folder, config, versions, files)
-    _check_labels(folder, config)
-    if load_check is not None and backend_of(config) != "ensemble":
+    local = ModelFolderStore(folder, name)
+    entry = index_model(local, name)
+    if entry.config is None or not entry.ready:
+        raise ConfigError(f"model '{name}': {entry.reason}")
+    missing = missing_model_files(local, entry.config, versions)  # every version, not only those selected
+    if missing:
+        raise ConfigError(f"model '{name}': {missing[min(missing)]} ({folder / str(min(missing))})")
+    if repository is not None and is_ensemble(entry.config):
+        _check_ensemble(entry, repository)
+    if load_check is not None and backend_of(entry.config) != "ensemble":
         for version in versions:
-            _load(load_check, folder / str(version), config, version)
-    return ModelFolder(name, folder, config, versions, files, empty)
+            _load(load_check, folder / str(version), entry.config, version)
+    return ModelFolder(name, folder, entry.config, versions, files, empty)
+
+
+def _check_ensemble(entry: ModelEntry, repository: RepositoryStore) -> None:
+    """Refuse ensemble ``entry`` when the server would: its composing models (nested ones
+    too) as ``repository`` holds them now, indexed, then :func:`resolve_ensembles`."""
+    entries, todo = {entry.name: entry}, composing_models(entry.config)
+    while todo:
+        other = todo.pop()
+        if other in entries or not repository.model_exists(other):
+            continue
+        entries[other] = index_model(repository, other)
+        if is_ensemble(entries[other].config):
+            todo.extend(composing_models(entries[other].config))
+    resolved = resolve_ensembles(entries)[entry.name]
+    if not resolved.ready:
+        raise ConfigError(f"model '{entry.name}': {resolved.reason} (in {repository.uri})")
 
 
 def _model_name(name: str) -> str:
@@ -140,50 +187,6 @@ def _files(folder: Path) -> Iterator[str]:
                 yield full.relative_to(folder).as_posix()
 
 
-def _config(folder: Path, name: str, versions: list[int]) -> ModelConfig:
-    path = folder / CONFIG_FILENAME
-    text = path.read_bytes() if path.is_file() else None
-    config = parse_config(text, name) if text is not None else ModelConfig(name=name)
-    if needs_autocomplete(config):
-        config = _autocomplete(folder, config, select_versions(config, versions) or versions, text is None)
-    validate_config(config)
-    return config
-
-
-def _autocomplete(folder: Path, config: ModelConfig, versions: list[int], no_config: bool) -> ModelConfig:
-    """The server's auto-complete (:mod:`repository_store.autocomplete`), from the local file."""
-    missing = "no config.pbtxt, and " if no_config else ""
-    if config.platform not in ("", "onnxruntime_onnx") or config.backend not in ("", "onnxruntime"):
-        raise ConfigError(f"{missing}only an ONNX model's config can be auto-completed")
-    filename = config.default_model_filename or ONNX_FILENAME
-    path = folder / str(max(versions)) / filename
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except FileNotFoundError:
-        raise ConfigError(f"{missing}version {max(versions)} has no {filename} to complete it from") from None
-    except Exception as exc:  # protobuf's DecodeError and friends: not an ONNX file
-        raise ConfigError(f"{missing}{path} is not an ONNX model ({exc})") from None
-    return complete_from_onnx(config, model)
-
-
-def _check_model_files(folder: Path, config: ModelConfig, versions: list[int], files: list[str]) -> None:
-    if backend_of(config) == "ensemble":
-        return
-    filename = default_model_filename(config)
-    for version in versions:
-        wanted = f"{version}/{filename}"
-        if not any(f == wanted or f.startswith(wanted + "/") for f in files):
-            raise ConfigError(f"version {version} of '{config.name}' has no '{filename}' ({folder / wanted})")
-
-
-def _check_labels(folder: Path, config: ModelConfig) -> None:
-    for output in config.output:
-        if output.label_filename and not (folder / output.label_filename).is_file():
-            raise ConfigError(
-                f"label file '{output.label_filename}' of output '{output.name}' is missing from {folder}"
-            )
-
-
 def _load(load_check: LoadCheck, version_dir: Path, config: ModelConfig, version: int) -> None:
     try:
         load_check(version_dir, config)
@@ -204,7 +207,7 @@ def plan_upload(model: ModelFolder, store: RepositoryStore) -> UploadPlan:
     for rel in ordered:
         info = remote.get(rel)
         (unchanged if info is not None and _same(model.path / rel, info) else uploads).append(rel)
-    present = {rel.split("/", 1)[0] for rel in remote if "/" in rel}
+    present = {str(v) for v in store.list_versions(model.name)}  # an empty one (S3: its marker) too
     folders = [v for v in model.empty_folders if v not in present]
     return UploadPlan(model, uploads, folders, unchanged)
 

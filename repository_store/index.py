@@ -34,6 +34,8 @@ MAX_CONFIG_BYTES = 1024 * 1024
 
 READY = "READY"
 UNAVAILABLE = "UNAVAILABLE"
+#: How the ``reason`` of a model whose last change failed, while it keeps serving, begins.
+RELOAD_FAILED = "reload failed"
 
 
 @dataclass
@@ -48,18 +50,33 @@ class ModelEntry:
     reason: str = ""
     labels: dict[str, list[str]] = field(default_factory=dict)
     """Class labels by output name, from each output's ``label_filename`` (one per line)."""
+    failed: dict[int, str] = field(default_factory=dict)
+    """Versions the policy selects that cannot serve (model file missing, load error), with
+    the reason; never in ``versions``. Triton keeps serving the versions that loaded."""
 
     @property
     def ready(self) -> bool:
         return self.state == READY
 
-    def load_failed(self, reason: str) -> ModelEntry:
-        """This entry UNAVAILABLE with ``reason``: a worker could not load it (the backend's
-        error, a failing ``model_warmup`` sample). Config and versions stay, so the index
-        still names the version tried; the next load, or changed files in poll mode, index
-        the model afresh (Triton: a model whose load failed stays UNAVAILABLE until loaded
-        again, model_management.md)."""
-        return replace(self, state=UNAVAILABLE, reason=reason)
+    @property
+    def problem(self) -> str:
+        """Why this entry is not everything it was asked to be: the model's ``reason`` (not
+        ready, or a change that failed while the previous one keeps serving), else its failed
+        versions' reasons; "" when every selected version serves."""
+        return self.reason or "; ".join(self.failed[v] for v in sorted(self.failed))
+
+    def load_failed(self, reason: str, version: int | None = None) -> ModelEntry:
+        """This entry with ``version`` failed with ``reason`` (a worker or a load check could
+        not load it: the backend's error, a failing ``model_warmup`` sample): the version
+        leaves ``versions`` for ``failed`` and the others keep serving (Triton keeps the
+        versions that loaded). With no version given, or none left, the model is UNAVAILABLE
+        with ``reason``; config and versions stay, so the index still names the version tried.
+        The next load, or changed files in poll mode, index the model afresh (Triton: a model
+        whose load failed stays UNAVAILABLE until loaded again, model_management.md)."""
+        if version is None or set(self.versions) <= {version}:
+            return replace(self, state=UNAVAILABLE, reason=reason)
+        versions = [v for v in self.versions if v != version]
+        return replace(self, versions=versions, failed={**self.failed, version: reason})
 
     def to_bytes(self) -> bytes:
         """msgpack encoding; the config travels as its protobuf wire bytes."""
@@ -71,6 +88,7 @@ class ModelEntry:
                 "state": self.state,
                 "reason": self.reason,
                 "labels": self.labels,
+                "failed": {str(v): why for v, why in self.failed.items()},
             },
             use_bin_type=True,
         )
@@ -87,6 +105,7 @@ class ModelEntry:
             return cls(
                 raw["name"], config, list(raw["versions"]), raw["state"], raw["reason"],
                 dict(raw.get("labels") or {}),
+                {int(v): str(why) for v, why in (raw.get("failed") or {}).items()},
             )
         except (KeyError, TypeError, msgpack.UnpackException, ValueError) as exc:
             raise ValueError(f"malformed model entry: {exc}") from None
@@ -139,6 +158,28 @@ def resolve_ensembles(entries: Mapping[str, ModelEntry]) -> dict[str, ModelEntry
     return resolved
 
 
+def keep_last_good(previous: ModelEntry | None, candidate: ModelEntry) -> ModelEntry:
+    """What to publish when ``candidate`` (just indexed, and load-checked where a check
+    runs) would replace ``previous`` (what serves now; None: nothing).
+
+    Triton: "if the reload fails for any reason the already loaded model will be unchanged
+    and will remain loaded" (model_management.md). A change fails when the candidate cannot
+    serve or any of its versions failed; then ``previous``, if it serves, stays as it was,
+    its ``reason`` saying what failed, and ``failed`` the candidate's failed versions it does
+    not serve itself. Otherwise (a clean change, or nothing serving) the candidate.
+    """
+    if previous is None or not previous.ready or previous.config is None or not candidate.problem:
+        return candidate
+    served = ", ".join(map(str, previous.versions))
+    failed = previous.failed
+    if candidate.config is not None:
+        failed = {v: why for v, why in candidate.failed.items() if v not in previous.versions}
+        if not candidate.ready:
+            failed.update({v: candidate.reason for v in candidate.versions if v not in previous.versions})
+    reason = f"{RELOAD_FAILED} (still serving version {served}): {candidate.problem}"
+    return replace(previous, reason=reason, failed=failed)
+
+
 def _index(store: RepositoryStore, name: str, override: ModelConfig | None = None) -> ModelEntry:
     try:
         available = store.list_versions(name)
@@ -151,7 +192,10 @@ def _index(store: RepositoryStore, name: str, override: ModelConfig | None = Non
         entry.reason = "no version available under the version policy"
         return entry
     try:
-        entry.reason = _missing_files(store, config, selected)
+        entry.failed = missing_model_files(store, config, selected)
+        entry.versions = [v for v in selected if v not in entry.failed]
+        if not entry.versions:
+            entry.reason = entry.failed[max(entry.failed)]
         if not entry.reason:
             entry.labels, entry.reason = _labels(store, config)
         if not entry.reason and uses_files(config):  # model_warmup's input_data_file
@@ -202,15 +246,17 @@ def _config(
     return config
 
 
-def _missing_files(store: RepositoryStore, config: ModelConfig, versions: list[int]) -> str:
+def missing_model_files(store: RepositoryStore, config: ModelConfig, versions: list[int]) -> dict[int, str]:
+    """The ``versions`` whose folder lacks the backend's model file, with the reason (each
+    version on its own: Triton loads the others)."""
     if backend_of(config) == "ensemble":
-        return ""
+        return {}
     filename = default_model_filename(config)
+    missing = {}
     for version in versions:
-        files = store.list_version_files(config.name, version)
-        if not _holds(files, filename):
-            return f"version {version} has no '{filename}'"
-    return ""
+        if not _holds(store.list_version_files(config.name, version), filename):
+            missing[version] = f"version {version} has no '{filename}'"
+    return missing
 
 
 def _holds(files: list[FileInfo], filename: str) -> bool:

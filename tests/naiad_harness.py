@@ -233,6 +233,27 @@ def upload_tree(endpoint: str, bucket: str, folder: Path, prefix: str) -> None:
             client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(folder).as_posix()}")
 
 
+#: ``naiad serve`` flags of poll mode, re-indexing every second.
+POLL_EVERY_SECOND = ("--model-control-mode", "poll", "--repository-poll-secs", "1")
+
+
+def s3_repository(
+    endpoint: str, bucket: str, folder: Path, prefix: str
+) -> tuple[str, Callable[[str, bytes | str], None]]:
+    """Upload ``folder`` to ``s3://bucket/prefix`` (:func:`upload_tree`); the repository's
+    URI in Triton's ``s3://host:port/bucket/prefix`` form, and ``put(key, body)`` writing
+    one object under the prefix (a later upload over S3's REST API)."""
+    import boto3
+
+    upload_tree(endpoint, bucket, folder, prefix)
+    client = boto3.client("s3", endpoint_url=endpoint)
+
+    def put(key: str, body: bytes | str) -> None:
+        client.put_object(Bucket=bucket, Key=f"{prefix}/{key}", Body=body)
+
+    return f"s3://{endpoint.removeprefix('http://')}/{bucket}/{prefix}", put
+
+
 def run_scenario(redis_url: str, scenario: Callable[[Redis], Awaitable[None]]) -> None:
     """Run ``await scenario(redis)`` on a fresh client of ``redis_url``, closed whatever happens."""
 

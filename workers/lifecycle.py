@@ -76,13 +76,15 @@ class Lifecycle:
         raw = self.registered_raw = await self.redis.hget(keys.REGISTRY, self.model)
         return ModelEntry.from_bytes(raw) if raw else None
 
-    async def mark_unavailable(self, tried: bytes, error: NaiadError) -> None:
-        """The load of registry entry ``tried`` failed in the model: mark it UNAVAILABLE with
-        the reason (:mod:`workers.load_failure`) before answering the backlog, so a gateway
-        that gets the answer already finds the model not ready. A Redis failure is logged."""
+    async def mark_unavailable(self, tried: bytes, error: NaiadError, version: int) -> None:
+        """The load of ``version`` of registry entry ``tried`` failed in the model: mark that
+        version failed (the model UNAVAILABLE when it was the only one) with the reason
+        (:mod:`workers.load_failure`) before answering the backlog, so a gateway that gets the
+        answer already resolves around it. A Redis failure is logged."""
         try:
-            if await load_failure.mark_unavailable(self.redis, tried, error.message):
-                logger.warning("model '%s' marked UNAVAILABLE until it is loaded again", self.model)
+            if await load_failure.mark_unavailable(self.redis, tried, error.message, version):
+                logger.warning("model '%s' version %d marked UNAVAILABLE until it is loaded again",
+                               self.model, version)  # fmt: skip
             else:
                 logger.info("model '%s' changed in the registry meanwhile: not marked", self.model)
         except RedisError as exc:

@@ -20,7 +20,7 @@ import logging
 
 from redis.asyncio import Redis
 
-from naiad import keys
+from naiad import keys, telemetry
 from naiad.errors import InvalidInput, ModelNotReady, NaiadError, Unsupported
 from repository_store import ModelEntry
 
@@ -48,13 +48,18 @@ def is_model_fault(error: NaiadError) -> bool:
     return isinstance(error, MODEL_FAULTS)
 
 
-async def mark_unavailable(redis: Redis, tried: bytes, reason: str) -> bool:
-    """Replace registry entry ``tried`` (its encoded bytes, as read) by the same entry
-    UNAVAILABLE with ``reason``, and bump the generation; False, writing nothing, when the
-    registry holds anything else for that model by now. Raises ``ValueError`` for malformed
-    ``tried``, ``RedisError`` when Redis fails."""
-    failed = ModelEntry.from_bytes(tried).load_failed(reason)
+async def mark_unavailable(redis: Redis, tried: bytes, reason: str, version: int | None = None) -> bool:
+    """Replace registry entry ``tried`` (its encoded bytes, as read) by the same entry with
+    ``version`` failed for ``reason`` (:meth:`ModelEntry.load_failed`: the other versions
+    keep serving; none left, or no version given: UNAVAILABLE), bump the generation and count
+    one load failure; False, writing nothing, when the registry holds anything else for that
+    model by now. Raises ``ValueError`` for malformed ``tried``, ``RedisError`` when Redis fails."""
+    failed = ModelEntry.from_bytes(tried).load_failed(reason, version)
     written = await redis.eval(
         MARK_LUA, 2, keys.REGISTRY, keys.REGISTRY_GENERATION, failed.name, tried, failed.to_bytes()
     )  # fmt: skip
+    if written:
+        async with redis.pipeline(transaction=False) as pipe:
+            telemetry.add_load_failure(pipe, failed.name)
+            await pipe.execute()
     return bool(written)

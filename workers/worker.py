@@ -137,7 +137,7 @@ class Worker:
         except NaiadError as exc:
             logger.error("model '%s' cannot be served: %s", self.model, exc.message)
             if tried is not None and load_failure.is_model_fault(exc):
-                await self.lifecycle.mark_unavailable(tried, exc)
+                await self.lifecycle.mark_unavailable(tried, exc, max(registered.versions))
             await self._fail_backlog(exc)
             return 2
         self.policy = BatchPolicy.from_config(entry.config)

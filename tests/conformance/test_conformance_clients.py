@@ -104,10 +104,12 @@ def test_model_config(client):
 
 
 def test_repository_index(client):
-    index = {item["name"]: item for item in client("get_model_repository_index")}
+    rows = client("get_model_repository_index")
+    index = {item["name"]: item for item in rows}
     assert sorted(index) == MODELS
-    assert {item["state"] for item in index.values()} == {"READY"}
-    assert index["versioned"]["version"] == "2"
+    assert {item["state"] for item in rows} == {"READY"}
+    # One row per served version, as Triton lists them (version_policy all: 1 and 2).
+    assert [item["version"] for item in rows if item["name"] == "versioned"] == ["1", "2"]
 
 
 def test_unload_then_load(client):
@@ -120,9 +122,10 @@ def test_unload_then_load(client):
         tensor = {"x": (np.zeros((1, 2), np.float32), "FP32")}
         with pytest.raises(InferenceServerException) as caught:
             client.infer("spare", tensor)
-        # Triton's table: a model that is not ready is 400 over HTTP, UNAVAILABLE over gRPC.
-        assert http_status(caught.value) == (503 if client.grpc else 400)
+        # Triton: a model unloaded in explicit mode is unknown, 404 / NOT_FOUND.
+        assert http_status(caught.value) == 404
         assert "unloaded" in caught.value.message()
+        assert fails(client, "get_model_metadata", "spare") == 404
         assert client("is_model_ready", "digits") is True
     finally:
         client("load_model", "spare")

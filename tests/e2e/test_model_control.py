@@ -122,8 +122,14 @@ def test_explicit_mode_load_and_unload(redis_url, naiad_server, repository):
     assert listed["digits"]["state"] == "READY"
     assert listed["silero_vad"] == {"name": "silero_vad", "state": "UNAVAILABLE", "reason": "unloaded"}
     assert not ready(server, "silero_vad")
-    with pytest.raises(InferenceServerException, match="unloaded"):
+    with pytest.raises(InferenceServerException, match="unloaded") as refused:
         infer_silero(server.grpc_url)
+    assert refused.value.status() == "StatusCode.NOT_FOUND"  # Triton: an unloaded model is unknown
+    answer = requests.get(f"{server.http}/v2/models/silero_vad", timeout=5)
+    assert answer.status_code == 404 and "unknown model" in answer.json()["error"]
+    answer = requests.get(f"{server.http}/v2/models/silero_vad/ready", timeout=5)
+    assert answer.status_code == 400
+    assert answer.json() == {"error": "model 'silero_vad' is not ready: unloaded"}
 
     grpc_triton = grpcclient.InferenceServerClient(server.grpc_url)
     try:
@@ -138,6 +144,8 @@ def test_explicit_mode_load_and_unload(redis_url, naiad_server, repository):
     assert infer_silero(server.grpc_url).shape == (1, 1)
     assert index(server)["broken"]["state"] == "UNAVAILABLE"
     assert "does not parse" in index(server)["broken"]["reason"]
+    answer = requests.get(f"{server.http}/v2/models/broken/ready", timeout=5)
+    assert answer.status_code == 400 and "does not parse" in answer.json()["error"]  # the index's reason
 
     # A second gateway on the same Redis sees the unload within its sync interval.
     other = naiad_server(repository, redis_url=redis_url, command="gateway", extra_args=EXPLICIT)
@@ -196,6 +204,8 @@ def test_poll_mode_follows_the_local_repository(naiad_server, repository):
     wait_for(lambda: "broken" in index(server), POLL_WAIT_S, "the broken model to be indexed")
     assert index(server)["broken"]["state"] == "UNAVAILABLE"
     assert "does not parse" in index(server)["broken"]["reason"]
+    answer = requests.get(f"{server.http}/v2/models/broken/ready", timeout=5)
+    assert answer.status_code == 400 and "does not parse" in answer.json()["error"]  # the index's reason
     np.testing.assert_array_equal(infer_digits(server), expected)  # the others keep serving
 
     shutil.rmtree(repository / "digits_copy")

@@ -31,6 +31,7 @@ def _row(**values) -> dict:
         "avg_latency_ms": None, "p50_ms": None, "p99_ms": None,
         "cache_hits": 0, "cache_misses": 0, "cache_hit_ratio": None,
         "cold_starts": 0, "cold_start_avg_s": None, "last_inference_ms": 0,
+        "load_failures": 0, "problem": "",
     }  # fmt: skip
     return row | values
 
@@ -40,14 +41,24 @@ def test_every_value_is_escaped():
     snapshot = {
         "time": time.time(),
         "models": [_row(name=hostile, state="unavailable", reason="<script>alert(2)</script>",
-                        versions=["<b>1</b>"])],  # fmt: skip
+                        problem="<script>alert(3)</script>", versions=["<b>1</b>"])],  # fmt: skip
         "counts": {"unavailable": 1},
     }
     page = render_page(snapshot)
     assert "<script>" not in page and "<img" not in page and "<b>1" not in page
     assert "&lt;img src=x onerror=&quot;alert(1)&quot;&gt;" in page
     assert "&lt;script&gt;alert(2)&lt;/script&gt;" in page
+    assert "&lt;script&gt;alert(3)&lt;/script&gt;" in page
     assert '<meta http-equiv="refresh" content="2">' in page
+
+
+def test_version_rows_are_drawn_and_escaped():
+    version = {"version": "2", "state": "rolled back", "weight": 50, "share": 0, "success": 3, "failure": 7,
+               "error_ratio": 0.7, "avg_latency_ms": 1.5, "reason": "<script>alert(4)</script>"}  # fmt: skip
+    one = {**version, "version": "1", "state": "serving", "share": 100, "reason": ""}
+    page = render_page({"time": time.time(), "models": [_row(version_rows=[one, version])], "counts": {}})
+    assert "└ v2" in page and "rolled back 50%-&gt;0%" in page and "70.0% errors" in page
+    assert "<script>" not in page and "&lt;script&gt;alert(4)&lt;/script&gt;" in page
 
 
 def test_no_models():

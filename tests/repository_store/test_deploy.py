@@ -8,11 +8,12 @@ from pathlib import Path
 
 import boto3
 import pytest
+from rs_helpers import ENSEMBLE_CONFIG, write_tree
 
 from naiad.cli import main
 from naiad.errors import ConfigError
-from repository_store import LocalStore, S3Store, index_model
-from repository_store.deploy import plan_upload, s3_etag, upload, validate_model_dir
+from repository_store import LocalStore, S3Store, index_model, resolve_ensembles
+from repository_store.deploy import ModelFolderStore, plan_upload, s3_etag, upload, validate_model_dir
 from workers.load_check import load_check
 
 
@@ -42,7 +43,7 @@ def test_valid_folder(digits: Path) -> None:
     ("change", "message"),
     [
         (lambda d: (d / "config.pbtxt").write_text("max_batch_size: [ oops"), "does not parse"),
-        (lambda d: (d / "1" / "model.onnx").unlink(), "version 1 of 'digits' has no 'model.onnx'"),
+        (lambda d: (d / "1" / "model.onnx").unlink(), "model 'digits': version 1 has no 'model.onnx'"),
         (lambda d: (d / "labels.txt").unlink(), "label file 'labels.txt'"),
         (lambda d: (d / "v2").mkdir(), "'v2' .* is not a version folder"),
         (lambda d: shutil.rmtree(d / "1"), "no version folder"),
@@ -116,7 +117,7 @@ def test_cli_refuses_invalid_models_and_uploads_nothing(digits: Path, target, br
     else:
         args += ["--name", "renamed"]
     assert main(args) == 1
-    assert capsys.readouterr().err.startswith("naiad deploy: ")
+    assert capsys.readouterr().err.splitlines()[-1].startswith("naiad deploy: ")  # after boto3's log lines
     assert store.list_models() == []
 
 
@@ -127,3 +128,58 @@ def test_cli_deploys(digits: Path, target, capsys) -> None:
     assert index_model(store, "digits").ready
     assert main(["deploy", str(digits), "--model-repository", uri]) == 0
     assert "0 files uploaded, 3 unchanged" in capsys.readouterr().out
+
+
+# --- the index's own rules (issue "Safe rollouts"): deploy refuses what the server refuses -----
+
+#: rs_helpers' one-step ensemble, over digits: FP32 [64] in, its INT64 [1] label out.
+ENSEMBLE = (
+    ENSEMBLE_CONFIG.replace('"simple"', '"digits"').replace("dims: [ 4 ]", "dims: [ 64 ]")
+    .replace("TYPE_FP32 dims: [ 3 ]", "TYPE_INT64 dims: [ 1 ]")
+    .replace('input_map { key: "x"', 'input_map { key: "input"')
+    .replace('output_map { key: "y"', 'output_map { key: "label"')
+)
+
+
+def test_a_python_model_the_server_completes_is_accepted(tmp_path: Path) -> None:
+    """Auto-completion by the model's own ``auto_complete_config``, as the index does."""
+    source = Path(__file__).parents[1] / "e2e" / "python_models" / "auto"
+    folder = Path(shutil.copytree(source, tmp_path / "auto"))
+    model = validate_model_dir(folder)
+    assert model.config.backend == "python" and [i.name for i in model.config.input]
+    assert index_model(ModelFolderStore(folder, "auto"), "auto").config == model.config
+
+
+def test_rules_only_the_index_had_are_applied(digits: Path) -> None:
+    text = (digits / "config.pbtxt").read_text()
+    (digits / "config.pbtxt").write_text(text + "\n# padding\n" * 120_000)
+    with pytest.raises(ConfigError, match="over the 1048576-byte limit"):
+        validate_model_dir(digits)
+    (digits / "config.pbtxt").write_text(
+        text + '\nmodel_warmup [ { name: "w" batch_size: 1 inputs { key: "input" value: '
+        '{ data_type: TYPE_FP32 dims: [ 64 ] input_data_file: "x.bin" } } } ]\n'
+    )
+    with pytest.raises(ConfigError, match="x.bin"):
+        validate_model_dir(digits)
+
+
+def test_an_ensemble_is_checked_against_the_target_repository(digits: Path, target, tmp_path: Path,
+                                                              capsys) -> None:  # fmt: skip
+    store, uri = target
+    ensemble = write_tree(tmp_path / "src" / "ens", {"config.pbtxt": ENSEMBLE, "1": None})
+    args = ["deploy", str(ensemble), "--model-repository", uri]
+    assert main(args) == 1  # its composing model is not there yet: the server would refuse it
+    assert "not in the repository: digits" in capsys.readouterr().err
+    assert store.list_models() == []
+
+    wrong = write_tree(tmp_path / "src" / "wrong", {"config.pbtxt": ENSEMBLE.replace(
+        'output_map { key: "label"', 'output_map { key: "nope"'), "1": None})  # fmt: skip
+    assert main(["deploy", str(digits), "--model-repository", uri]) == 0
+    capsys.readouterr()
+    assert main(["deploy", str(wrong), "--model-repository", uri, "--name", "ens"]) == 1
+    assert "nope" in capsys.readouterr().err
+    assert main(args) == 0
+    assert "1 files uploaded, 0 unchanged, 1 empty version folders created" in capsys.readouterr().out
+    assert main(args) == 0  # counts what it wrote: nothing
+    assert capsys.readouterr().out.endswith(": 0 files uploaded, 1 unchanged\n")
+    assert resolve_ensembles({n: index_model(store, n) for n in store.list_models()})["ens"].ready

@@ -55,6 +55,8 @@ def test_invalid_config_is_unavailable(tmp_path: pathlib.Path) -> None:
 
 
 def test_every_selected_version_needs_its_file(tmp_path: pathlib.Path) -> None:
+    """A version without its model file fails alone; the others serve (Triton loads each
+    version on its own). With none left the model is UNAVAILABLE."""
     write_tree(
         tmp_path,
         {
@@ -64,8 +66,14 @@ def test_every_selected_version_needs_its_file(tmp_path: pathlib.Path) -> None:
         },
     )
     entry = index_model(LocalStore(tmp_path), "m")
-    assert entry.state == UNAVAILABLE
-    assert entry.reason == "version 2 has no 'model.onnx'"
+    assert (entry.state, entry.versions, entry.reason) == (READY, [1], "")
+    assert entry.failed == {2: "version 2 has no 'model.onnx'"}
+    assert entry.problem == "version 2 has no 'model.onnx'"
+    assert ModelEntry.from_bytes(entry.to_bytes()) == entry
+    (tmp_path / "m" / "1" / "model.onnx").unlink()
+    entry = index_model(LocalStore(tmp_path), "m")
+    assert (entry.state, entry.versions, entry.reason) == (UNAVAILABLE, [], "version 2 has no 'model.onnx'")
+    assert sorted(entry.failed) == [1, 2]
 
 
 def test_default_model_filename_is_honoured(tmp_path: pathlib.Path) -> None:
