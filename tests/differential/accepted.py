@@ -199,21 +199,7 @@ ACCEPTED: list[Accepted] = [
     ),
 ]
 
-PENDING: list[Accepted] = [
-    # pending: fixed on another branch (the lead empties this list at merge)
-    Accepted(
-        "http",
-        "index*",
-        "body",
-        reason="pending (branch rollouts, issue 13 point 5): one index row per served version",
-    ),
-    Accepted(
-        "grpc",
-        "index",
-        "response.models",
-        reason="pending (branch rollouts, issue 13 point 5): one index row per served version",
-    ),
-]
+PENDING: list[Accepted] = []
 
 
 def explained(transport: str, case: str, path: str, triton: Any, naiad: Any) -> Accepted | None:
