@@ -120,7 +120,7 @@ def test_bad_uploads_under_load_fail_no_request(naiad_server, redis_url, s3_endp
         # 1. A config.pbtxt that does not parse: the loaded config keeps serving.
         good_config = (repository / "digits" / "config.pbtxt").read_bytes()
         put("digits/config.pbtxt", b"this is { not a config")
-        row = wait_for(lambda: rows(server, "digits")["1"].get("reason"), 30, "the failed reload in the index")
+        row = wait_for(lambda: rows(server, "digits")["1"].get("reason"), 30, "the failed reload")
         assert rows(server, "digits")["1"]["state"] == "READY"
         assert row.startswith("reload failed (still serving version 1)") and "does not parse" in row
         assert failures_counted(server, "digits") == 1
@@ -164,7 +164,7 @@ def test_bad_uploads_under_load_fail_no_request(naiad_server, redis_url, s3_endp
         # 4. The fixed upload goes live without a restart.
         put("py/2/model.py", PY_MODEL)
         wait_for(lambda: load.versions("py")[-1:] == ["2"], 60, "py version 2 serving")
-        assert rows(server, "py") == {"2": {"name": "py", "version": "2", "state": "READY"}}  # no empty reason (as Triton)
+        assert rows(server, "py") == {"2": {"name": "py", "version": "2", "state": "READY"}}
     finally:
         load.stop()
     assert not load.failures, load.failures[:5]
