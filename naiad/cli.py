@@ -74,6 +74,18 @@ GATEWAY_FLAGS = {
     "--shutdown-grace": ("shutdown_grace_s", float, "seconds in-flight requests get on SIGTERM"),
     "--max-queue-size": ("max_queue_size", int, "most requests queued per model; more: 503"),
     "--max-inflight": ("max_inflight", int, "most requests one gateway carries; more: 503"),
+    "--max-buffered-bytes": ("max_buffered_bytes", int, "most request bytes buffered at once, HTTP and "
+                             "gRPC together; more: 503"),
+    "--grpc-max-message-size": ("grpc_max_message_bytes", int, "largest gRPC message in bytes "
+                                "(Triton's 2147483647 at most)"),
+    "--http-header-timeout": ("http_header_timeout_s", float, "seconds a connection has to send "
+                              "complete request headers (also gRPC's handshake)"),
+    "--http-body-first-byte-timeout": ("http_body_first_byte_timeout_s", float,
+                                       "seconds from the headers to the body's first byte"),
+    "--http-body-timeout": ("http_body_timeout_s", float, "seconds a whole body (or gRPC message) may take"),
+    "--http-keepalive-timeout": ("http_keepalive_timeout_s", float, "seconds an idle keep-alive "
+                                 "connection stays open"),
+    "--http-max-connections": ("http_max_connections", int, "most open HTTP connections per port; more: 503"),
     "--model-control-mode": ("model_control_mode", "none|poll|explicit", "none, poll or explicit"),
     "--repository-poll-secs": ("repository_poll_secs", float, "poll mode: seconds between re-indexings"),
     "--load-model": ("load_model", list, "explicit mode: model to load at start, repeatable ('*': all)"),
