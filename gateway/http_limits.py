@@ -15,7 +15,8 @@ slot) for as long as it likes. This module adds them around aiohttp's public sea
   ``Content-Length`` before any byte is read, then read chunk by chunk within
   ``body_first_byte_timeout_s`` (first byte) and ``body_timeout_s`` (whole body), each
   chunk counted against the shared :class:`gateway.limits.ByteBudget`. A refusal closes the
-  connection after its answer, so the rest of the body is not read.
+  connection after its answer (after at most :data:`LINGER_S` of reading and dropping what
+  is left, so the client sees the answer rather than a reset).
 """
 
 from __future__ import annotations
@@ -63,6 +64,10 @@ class HttpLimits:
         )
 
 
+#: Seconds an answered connection whose body was left unread still reads (and drops) it
+#: before closing, so the client reads the answer instead of a reset (aiohttp's default: 10).
+LINGER_S = 2.0
+
 _REFUSED = json.dumps({"error": "too many open connections; retry later"}).encode()
 #: What a connection past the cap gets before it is closed (HTTP/1.1, RFC 9110 §15.6.4).
 REFUSAL = (
@@ -108,6 +113,7 @@ class LimitedAppRunner(web.AppRunner):
 
     def __init__(self, app: web.Application, limits: HttpLimits, **kwargs: Any):
         kwargs.setdefault("keepalive_timeout", limits.keepalive_timeout_s)
+        kwargs.setdefault("lingering_time", LINGER_S)
         super().__init__(app, **kwargs)
         self._limits = limits
 
