@@ -25,6 +25,7 @@ from gateway.grpc_server import grpc_server
 from gateway.http import RUNNER_OPTIONS, create_app
 from gateway.http_limits import HttpLimits, LimitedAppRunner
 from gateway.limits import ByteBudget
+from gateway.liveness import RedisLiveness
 from gateway.load_probe import LoadProbe
 from gateway.metrics import create_metrics_app
 from gateway.registry import ModelRegistry, poll_repository
@@ -138,6 +139,9 @@ async def run_gateway(settings: Settings, redis_url: str, stop: asyncio.Event) -
             redis, registry, dispatcher, settings.request_timeout_s, settings.model_control_mode,
             cache=cache, max_queue_size=settings.max_queue_size, max_inflight=settings.max_inflight,
         )
+        liveness = RedisLiveness(redis, settings.redis_down_grace_s)
+        dataplane.liveness = liveness.live
+        await stack.enter_async_context(_background(liveness.run()))
         stack.push_async_callback(dataplane.stats_writer.flush)  # after the endpoints closed
         limits = HttpLimits.from_settings(settings, ByteBudget(settings.max_buffered_bytes))
         await stack.enter_async_context(_endpoints(settings, dataplane, limits))

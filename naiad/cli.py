@@ -72,6 +72,8 @@ GATEWAY_FLAGS = {
     "--request-timeout": ("request_timeout_s", float, "seconds a request without a 'timeout' parameter "
                           "(or with 0) may wait for its answer, cold start included"),
     "--shutdown-grace": ("shutdown_grace_s", float, "seconds in-flight requests get on SIGTERM"),
+    "--redis-down-grace": ("redis_down_grace_s", float, "seconds Redis may be unreachable before "
+                           "/v2/health/live says not live"),
     "--max-queue-size": ("max_queue_size", int, "most requests queued per model; more: 503"),
     "--max-inflight": ("max_inflight", int, "most requests one gateway carries; more: 503"),
     "--max-buffered-bytes": ("max_buffered_bytes", int, "most request bytes buffered at once, HTTP and "
@@ -179,9 +181,13 @@ def _add_tool_commands(commands) -> None:
                         "(default: %(default)s)")
 
 
-def _settings(args: argparse.Namespace) -> Settings:
+def _settings(args: argparse.Namespace, redis_url: str | None = None) -> Settings:
+    """Settings from the flags (then ``NAIAD_*``); ``redis_url``: one a parent passed
+    privately (:func:`naiad.procs.take_redis_url`), before any flag."""
     fields = set(Settings.model_fields)
     values = {k: v for k, v in vars(args).items() if k in fields}
+    if redis_url is not None:
+        values["redis_url"] = redis_url
     return Settings(**values, **parse_cache_config(getattr(args, "cache_config", [])))
 
 
@@ -250,6 +256,14 @@ def _serve_runner(settings: Settings, redis_url: str):
     return run
 
 
+def _embedded_redis(stack: contextlib.ExitStack, embedded) -> str:
+    """Start the embedded Redis (a generated password, an append-only file in its private
+    folder, restarted by a supervisor thread when it dies: :mod:`naiad.redis_server`)."""
+    server = stack.enter_context(embedded(appendonly=True, password=True))
+    server.supervise()
+    return server.url
+
+
 def cmd_serve(settings: Settings, with_gateway: bool = True, with_scaler: bool = True) -> int:
     from naiad.redis_server import EmbeddedRedis  # noqa: PLC0415
 
@@ -257,7 +271,7 @@ def cmd_serve(settings: Settings, with_gateway: bool = True, with_scaler: bool =
         print("naiad: --redis-url is required unless running `naiad serve`", file=sys.stderr)
         return 2
     with contextlib.ExitStack() as stack:
-        redis_url = settings.redis_url or stack.enter_context(EmbeddedRedis()).url
+        redis_url = settings.redis_url or _embedded_redis(stack, EmbeddedRedis)
         if with_gateway and with_scaler:
             runners = [_serve_runner(settings, redis_url)]
         elif with_scaler:
@@ -367,7 +381,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        settings = _settings(args)
+        settings = _settings(args, procs.take_redis_url())
+        procs.forget_secrets()  # read into settings: out of the environment model code sees
         _check_access(settings)
     except ValueError as exc:  # a malformed --cache-config, --http-restricted-api ...
         parser.error(str(exc))

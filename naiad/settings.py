@@ -88,6 +88,11 @@ class Settings(BaseSettings):
     """Wait before the second pull attempt; doubled before each next one
     (``NAIAD_PULL_BACKOFF_S``)."""
 
+    redis_down_grace_s: float = Field(default=30.0, gt=0)
+    """Seconds Redis may stay unreachable before the gateway reports not live
+    (``/v2/health/live`` 400, gRPC ``ServerLive`` false), so an orchestrator restarts it
+    (``--redis-down-grace``); a shorter outage only fails the requests it meets (503)."""
+
     shutdown_grace_s: float = Field(default=30.0, ge=0)
     """Seconds a stopping gateway (SIGTERM/SIGINT) gives its in-flight requests to finish
     after it stopped accepting (aiohttp's ``shutdown_timeout``, gRPC's grace); then they are

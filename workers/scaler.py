@@ -72,15 +72,16 @@ class LocalScaler:
         self._devices: dict[int, str] = {}  # pid -> the device its worker was placed on
         self._warned: set[tuple[str, str]] = set()  # (model, warning) already logged
         self.has_gpu = bool(self.gpus())
-        self.pool = WarmPool(settings, pool_command(settings, redis_url, self.log_flags()),
+        self.pool = WarmPool(settings, pool_command(settings, self.log_flags()), redis_url,
                              env={**os.environ, **placement.worker_env(placement.CPU, self.has_gpu)})
 
     def worker_command(self, model: str) -> list[str]:
+        """A worker's command line; never the Redis URL (it may hold a password): the
+        worker reads it from an inherited pipe (:func:`naiad.procs.spawn_python`)."""
         return [
             sys.executable, "-m", "naiad.cli", "worker",
             "--model", model,
             "--model-repository", self.settings.model_repository,
-            "--redis-url", self.redis_url,
             "--idle-timeout", str(self.settings.idle_timeout_s),
             "--min-workers", str(self.settings.min_workers),
             "--log-level", self.settings.log_level,
@@ -285,7 +286,7 @@ class LocalScaler:
         process = self.pool.claim(command) if device == placement.CPU else None
         if process is None:
             env = {**os.environ, **placement.worker_env(device, self.has_gpu)}
-            process = procs.spawn_python(command, env=env)
+            process = procs.spawn_python(command, redis_url=self.redis_url, env=env)
         self.processes.setdefault(model, []).append(process)
         self._started_at[process.pid] = time.monotonic()
         self._devices[process.pid] = device
