@@ -378,6 +378,7 @@ def _check_access(settings: Settings) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     procs.adopt_parent_death()  # a worker started by the scaler dies with it
+    procs.take_ready_fd()
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -39,6 +39,9 @@ PARENT_PID_ENV = "NAIAD_PARENT_PID"
 REDIS_URL_ENV = "NAIAD_REDIS_URL"
 #: The inherited file descriptor a child started by :func:`spawn_python` reads its Redis URL from.
 REDIS_URL_FD_ENV = "NAIAD_REDIS_URL_FD"
+#: The inherited pipe a child started by :func:`spawn_python` reports its readiness on.
+READY_FD_ENV = "NAIAD_READY_FD"
+_ready_fd: int | None = None
 #: Variables never passed to a child: the gateway's API keys (workers run model code).
 SECRET_ENV = ("NAIAD_HTTP_RESTRICTED_API", "NAIAD_GRPC_RESTRICTED_PROTOCOL", REDIS_URL_ENV)
 
@@ -62,18 +65,70 @@ def spawn_python(
 ) -> subprocess.Popen:
     """Start a ``naiad`` command ``args``; it adopts death-with-parent itself at start and
     reads ``redis_url`` from an inherited pipe (:func:`take_redis_url`). ``env``: its
-    environment before the secrets are taken out (default: this process's)."""
+    environment before the secrets are taken out (default: this process's). The child can
+    tell it is ready (:func:`report_ready`); :func:`became_ready` reads that here."""
     child = {**child_env(env), PARENT_PID_ENV: str(os.getpid())}
-    if redis_url is None:
-        return subprocess.Popen(list(args), env=child, **kwargs)
-    read_end, write_end = os.pipe()
+    inherited: list[int] = []
+    ready_read, ready_write = os.pipe()
+    os.set_blocking(ready_read, False)
+    child[READY_FD_ENV] = str(ready_write)
+    inherited.append(ready_write)
+    if redis_url is not None:
+        url_read, url_write = os.pipe()
+        os.write(url_write, redis_url.encode())  # far below a pipe's buffer: never blocks
+        os.close(url_write)
+        child[REDIS_URL_FD_ENV] = str(url_read)
+        inherited.append(url_read)
     try:
-        os.write(write_end, redis_url.encode())  # far below a pipe's buffer: never blocks
-        os.close(write_end)
-        child[REDIS_URL_FD_ENV] = str(read_end)
-        return subprocess.Popen(list(args), env=child, pass_fds=(read_end,), **kwargs)
+        process = subprocess.Popen(list(args), env=child, pass_fds=tuple(inherited), **kwargs)
+    except BaseException:
+        os.close(ready_read)
+        raise
     finally:
-        os.close(read_end)
+        for fd in inherited:
+            os.close(fd)
+    process.naiad_ready = [ready_read, None]  # type: ignore[attr-defined]  # fd, then the verdict
+    return process
+
+
+def take_ready_fd() -> None:
+    """In a child started by :func:`spawn_python`: keep the readiness pipe for
+    :func:`report_ready` (and out of the environment)."""
+    global _ready_fd
+    fd = os.environ.pop(READY_FD_ENV, None)
+    if fd is not None:
+        _ready_fd = int(fd)
+        os.set_inheritable(_ready_fd, False)  # not to the processes a model starts
+
+
+def report_ready() -> None:
+    """Tell the parent this process got as far as serving (once; no-op without a parent)."""
+    global _ready_fd
+    if _ready_fd is not None:
+        try:
+            os.write(_ready_fd, b"1")
+            os.close(_ready_fd)
+        except OSError:
+            pass
+        _ready_fd = None
+
+
+def became_ready(process: subprocess.Popen) -> bool | None:
+    """Whether the child ``process`` (from :func:`spawn_python`) reported ready: True, False
+    when it closed the pipe without (it exited first), None while it says nothing yet (or for
+    a process not started here). Closes the pipe once the answer is known."""
+    state = getattr(process, "naiad_ready", None)
+    if state is None:
+        return None
+    if state[1] is not None:
+        return state[1]
+    try:
+        data = os.read(state[0], 1)
+    except BlockingIOError:
+        return None
+    os.close(state[0])
+    state[1] = bool(data)
+    return state[1]
 
 
 def spawn_guarded(args: Sequence[str], remove_when_orphaned: str | None = None, **kwargs) -> subprocess.Popen:
@@ -115,6 +170,7 @@ def forget_secrets() -> None:
 def stop(process: subprocess.Popen, timeout_s: float = 10.0) -> None:
     """SIGTERM, wait up to ``timeout_s`` seconds, then SIGKILL."""
     if process.poll() is not None:
+        became_ready(process)  # closes its readiness pipe
         return
     process.terminate()
     try:
@@ -122,3 +178,4 @@ def stop(process: subprocess.Popen, timeout_s: float = 10.0) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+    became_ready(process)

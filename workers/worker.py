@@ -35,7 +35,7 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError, ResponseError
 
-from naiad import keys, logs, queue_policy, stats, telemetry, tracing
+from naiad import keys, logs, procs, queue_policy, stats, telemetry, tracing
 from naiad.codec import QueuedRequest, Reply, encode_reply, entry_order
 from naiad.datatypes import datatype_of
 from naiad.errors import DeadlineExceeded, InferenceFailed, NaiadError, QueueTimeout
@@ -143,6 +143,7 @@ class Worker:
         self.batcher = Batcher(self.model, entry.config, self.policy)
         self.scaling = scaling.policy_for(entry.config, self.settings)
         await self._record_cold_start()
+        procs.report_ready()  # the scaler: this worker got past its load (workers.scaler)
         await self._serve()
         return 0
 
