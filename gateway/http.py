@@ -195,8 +195,10 @@ async def _json_object(request: web.Request) -> dict[str, Any]:
         return {}
     try:
         value = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, a 5,000-digit number
         raise InvalidInput(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:  # e.g. 100,000 nested arrays
+        raise InvalidInput("request body JSON is nested too deeply") from None
     if not isinstance(value, dict):
         raise InvalidInput("request body must be a JSON object")
     return value

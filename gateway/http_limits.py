@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 
 from gateway.limits import ByteBudget, Reservation
@@ -76,11 +77,47 @@ REFUSAL = (
 )
 
 
+#: Characters of a malformed request's parse error that reach the log.
+LOGGED_ERROR_CHARS = 200
+
+
+class _Handler(RequestHandler):
+    """aiohttp's connection handler, with its own errors (a malformed request line, a header
+    over ``max_field_size``, too many headers) answered as JSON ``{"error": ...}`` like
+    every other non-200, and logged as one short INFO line instead of a traceback at ERROR
+    (a header flood would otherwise fill the log)."""
+
+    def log_exception(self, *args: Any, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info")
+        if isinstance(exc, HttpProcessingError):
+            peer = args[1] if len(args) > 1 else "?"
+            text = " ".join(str(exc.message).split())[:LOGGED_ERROR_CHARS]
+            self.logger.info("refused a malformed request from %s: %d %s", peer, exc.code, text)
+            return
+        super().log_exception(*args, **kwargs)
+
+    def handle_error(
+        self, request: Any, status: int = 500, exc: BaseException | None = None, message: str | None = None
+    ) -> web.StreamResponse:
+        super().handle_error(request, status, exc, message)  # logs; raises if already answering
+        if isinstance(exc, HttpProcessingError):
+            text = " ".join(str(exc.message).split())[:LOGGED_ERROR_CHARS]
+        else:
+            text = "internal server error" if status >= 500 else "bad request"
+        response = web.json_response({"error": text}, status=status)
+        response.force_close()
+        return response
+
+
 class _GuardedServer(web.Server):
-    """aiohttp's low-level server plus the connection cap and the header timer."""
+    """aiohttp's low-level server plus the connection cap, the header timer, and
+    :class:`_Handler` for each connection."""
 
     limits: HttpLimits
     header_timers: dict[RequestHandler, asyncio.TimerHandle]
+
+    def __call__(self) -> RequestHandler:
+        return _Handler(self, loop=self._loop, **self._kwargs)
 
     def connection_made(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
         super().connection_made(handler, transport)

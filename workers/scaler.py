@@ -105,8 +105,11 @@ class LocalScaler:
     async def run(self) -> None:
         """Scale until cancelled; then stop every worker it started (SIGTERM, drain)."""
         self.pool.start()
+        task = asyncio.current_task()
         try:
-            while True:
+            # redis-py may swallow a cancellation that lands in a command (its BLPOP): stop
+            # as soon as the task is being cancelled, whatever the command returned.
+            while task is None or not task.cancelling():
                 woken = await self._wait_for_wake()
                 await self._reconcile(woken)
         finally:
