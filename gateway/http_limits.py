@@ -9,8 +9,8 @@ slot) for as long as it likes. This module adds them around aiohttp's public sea
   request's headers have not arrived within ``header_timeout_s``. Idle keep-alive
   connections are aiohttp's own ``keepalive_timeout`` (``keepalive_timeout_s``), which also
   closes a later request's half-sent header after that long.
-- :func:`limits_middleware`: stops the header timer when a request's headers are in, and
-  holds the request's :class:`gateway.limits.Reservation` until its answer is made.
+- :func:`limits_middleware`: holds the request's :class:`gateway.limits.Reservation` until
+  its answer is made (the header timer stops when aiohttp builds the request object).
 - :func:`read_body_limited`: the body, refused with 413 from its declared
   ``Content-Length`` before any byte is read, then read chunk by chunk within
   ``body_first_byte_timeout_s`` (first byte) and ``body_timeout_s`` (whole body), each
@@ -160,6 +160,13 @@ class LimitedAppRunner(web.AppRunner):
         guarded: _GuardedServer = server  # type: ignore[assignment]
         guarded.limits = self._limits
         guarded.header_timers = {}
+        make_request = server.request_factory
+
+        def request_factory(message: Any, payload: Any, protocol: Any, writer: Any, task: Any) -> Any:
+            guarded.headers_received(protocol)  # aiohttp parsed a whole request head
+            return make_request(message, payload, protocol, writer, task)
+
+        server.request_factory = request_factory
         return server
 
 
@@ -167,14 +174,11 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def limits_middleware(limits: HttpLimits) -> Callable[..., Awaitable[web.StreamResponse]]:
-    """The outermost middleware: the request's headers are in (stop the header timer);
-    its :class:`Reservation` lives as long as its handler."""
+    """The outermost middleware: the request's :class:`Reservation` lives as long as its
+    handler."""
 
     @web.middleware
     async def limit(request: web.Request, handler: Handler) -> web.StreamResponse:
-        server = getattr(request.protocol, "_manager", None)
-        if isinstance(server, _GuardedServer):
-            server.headers_received(request.protocol)
         with limits.budget.reservation() as reservation:
             request[RESERVATION] = reservation
             return await handler(request)

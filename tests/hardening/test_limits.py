@@ -208,3 +208,19 @@ def test_gateway_fds_stay_bounded(tight_server):
     while proc.num_fds() > before + 5 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert proc.num_fds() <= before + 5
+
+
+def test_keep_alive_connections_outlive_the_header_timeout(tight_server):
+    """The header timer stops once a request's head is parsed: a keep-alive connection used
+    again after longer than ``--http-header-timeout`` (1 s) is still served."""
+    for port in (tight_server.http_port, tight_server.metrics_port):
+        path = b"/v2/health/live" if port == tight_server.http_port else b"/metrics"
+        sock = http_connect(port)
+        try:
+            for _ in range(2):
+                sock.sendall(b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+                sock.settimeout(10)
+                assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+                time.sleep(1.5)
+        finally:
+            sock.close()
