@@ -73,7 +73,6 @@ class EmbeddedRedis:
         self._own_dir = socket_path is None and port is None
         if socket_path is not None:
             self._dir = Path(socket_path).parent
-            self._dir.mkdir(parents=True, exist_ok=True)
         else:
             self._dir = Path(tempfile.mkdtemp(prefix="naiad-redis-"))
         self.socket_path = Path(socket_path) if socket_path is not None else self._dir / "redis.sock"
@@ -97,6 +96,7 @@ class EmbeddedRedis:
         ]  # fmt: skip
         if self.password:
             lines.append(f"requirepass {self.password}")
+        self._dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         path = self._dir / "redis.conf"
         path.touch(mode=0o600)
         path.chmod(0o600)
