@@ -224,3 +224,28 @@ def test_keep_alive_connections_outlive_the_header_timeout(tight_server):
                 time.sleep(1.5)
         finally:
             sock.close()
+
+
+def test_chunked_body_over_the_limit_is_refused_once_over(tight_server):
+    """No Content-Length to refuse from: the read stops once the body passes the limit."""
+    chunk = b" " * (256 * 1024)
+    sock = http_connect(tight_server.http_port)
+    try:
+        sock.sendall(b"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n")
+        sock.settimeout(0.05)
+        got = b""
+        for _ in range(40):  # up to 10 MiB, far past the 1 MiB limit
+            try:
+                sock.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                got = sock.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+            if got:
+                break
+    finally:
+        sock.close()
+    assert got.startswith(b"HTTP/1.1 413"), got[:200]
+    good_infer(tight_server)
