@@ -28,7 +28,8 @@ def declare_huge_grpc_message(
     metadata: tuple[tuple[str, str], ...] = (),
 ) -> StreamOutcome:
     """One ModelInfer call whose message declares ``declared`` bytes; send zeros as fast as
-    flow control lets until ``send_limit`` bytes, ``timeout_s`` or the server ends it."""
+    flow control lets, up to ``send_limit`` bytes (5-byte prefix included), and wait for the
+    server to end the call, for at most ``timeout_s`` seconds in all."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
     conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
     conn.initiate_connection()
@@ -42,7 +43,7 @@ def declare_huge_grpc_message(
     deadline = time.monotonic() + timeout_s
     sock.settimeout(0.05)
     try:
-        while sent < send_limit and time.monotonic() < deadline and not ended:
+        while time.monotonic() < deadline and not ended:
             try:
                 data = sock.recv(65536)
                 if not data:
@@ -58,14 +59,16 @@ def declare_huge_grpc_message(
                 pass
             except OSError:
                 ended = True
-            window = 0 if ended else min(conn.local_flow_control_window(sid), conn.max_outbound_frame_size)
-            while window > 0 and sent < send_limit:
+            while not ended and sent < send_limit:
+                window = min(conn.local_flow_control_window(sid), conn.max_outbound_frame_size,
+                             16384, send_limit - sent)  # fmt: skip
+                if window <= 0:
+                    break
                 chunk = (pending + b"\0" * window)[:window]
-                pending = b""
+                pending = pending[len(chunk):]
                 conn.send_data(sid, chunk)
                 sock.sendall(conn.data_to_send())
                 sent += len(chunk)
-                window = min(conn.local_flow_control_window(sid), conn.max_outbound_frame_size)
     finally:
         sock.close()
     return StreamOutcome(sent, ended, status.decode() if isinstance(status, bytes) else status)

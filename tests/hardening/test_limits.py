@@ -249,3 +249,16 @@ def test_chunked_body_over_the_limit_is_refused_once_over(tight_server):
         sock.close()
     assert got.startswith(b"HTTP/1.1 413"), got[:200]
     good_infer(tight_server)
+
+
+def test_grpc_silent_connection_and_stalled_message_are_ended(tight_server):
+    """gRPC's own slow clients: a TCP connection that never sends the HTTP/2 preface is closed
+    after the handshake timeout (``--http-header-timeout``); a call whose message stalls is
+    ended DEADLINE_EXCEEDED after ``--http-body-timeout`` (3 s), freeing its slot."""
+    silent = http_connect(tight_server.grpc_port)
+    closed, _ = closed_within(silent, 15)
+    silent.close()
+    assert closed
+    stalled = declare_huge_grpc_message(tight_server.grpc_port, declared=1000, send_limit=10, timeout_s=15)
+    assert stalled.ended_by_server and stalled.grpc_status == "4", stalled  # DEADLINE_EXCEEDED
+    good_infer(tight_server)
