@@ -63,11 +63,12 @@ class EmbeddedRedis:
     def __init__(
         self, binary: str | None = None, startup_timeout_s: float = 10.0, *,
         socket_path: str | Path | None = None, port: int | None = None, appendonly: bool = False,
-        password: bool = False,
+        password: bool = False, appendfsync: str = "everysec",
     ):  # fmt: skip
         """``socket_path`` / ``port``: a fixed address (its folder holds the data files and
         is kept by :meth:`stop`); neither: a fresh private folder, removed by :meth:`stop`.
-        ``password``: generate a ``requirepass`` (kept for the object's life)."""
+        ``password``: generate a ``requirepass`` (kept for the object's life);
+        ``appendfsync``: Redis's ``everysec`` or ``always`` (an fsync per write)."""
         self.binary = binary or find_redis_server()
         self.startup_timeout_s = startup_timeout_s
         self._own_dir = socket_path is None and port is None
@@ -78,6 +79,7 @@ class EmbeddedRedis:
         self.socket_path = Path(socket_path) if socket_path is not None else self._dir / "redis.sock"
         self.port = port
         self.appendonly = appendonly
+        self.appendfsync = appendfsync
         self.password = secrets.token_urlsafe(32) if password else None
         auth = f":{quote(self.password, safe='')}@" if self.password else ""
         self.url = f"redis://{auth}127.0.0.1:{port}" if port else f"unix://{auth}{self.socket_path}"
@@ -91,7 +93,7 @@ class EmbeddedRedis:
         lines = [
             f"port {self.port or 0}", "bind 127.0.0.1", f'unixsocket "{self.socket_path}"',
             "unixsocketperm 700", f'dir "{self._dir}"', 'save ""',
-            f"appendonly {'yes' if self.appendonly else 'no'}", "appendfsync everysec",
+            f"appendonly {'yes' if self.appendonly else 'no'}", f"appendfsync {self.appendfsync}",
             "loglevel warning",
         ]  # fmt: skip
         if self.password:
