@@ -126,6 +126,7 @@ class WarmPool:
         seconds until the next step (None: on the next claim)."""
         for process in [p for p in self.idle if p.poll() is not None]:
             logger.warning("warm-pool process pid %d exited with %s", process.pid, process.returncode)
+            procs.became_ready(process)  # closes its readiness pipe
             self.idle.remove(process)
         now = time.monotonic()
         if self.idle_timeout_s is not None:
