@@ -5,10 +5,10 @@ sends nothing, half a header, or a body at 1 byte/s would hold a socket (and an 
 slot) for as long as it likes. This module adds them around aiohttp's public seams:
 
 - :class:`LimitedAppRunner`: an ``AppRunner`` whose server answers a connection past
-  ``max_connections`` with a raw 503 and closes it, and closes a connection whose first
-  request's headers have not arrived within ``header_timeout_s``. Idle keep-alive
-  connections are aiohttp's own ``keepalive_timeout`` (``keepalive_timeout_s``), which also
-  closes a later request's half-sent header after that long.
+  ``max_connections`` with a raw 503 and closes it, and closes a connection whose request
+  head has not arrived within ``header_timeout_s`` of the connection's start (first request)
+  or of the head's first byte (later requests). Idle keep-alive connections are aiohttp's own
+  ``keepalive_timeout`` (``keepalive_timeout_s``).
 - :func:`limits_middleware`: holds the request's :class:`gateway.limits.Reservation` until
   its answer is made (the header timer stops when aiohttp builds the request object).
 - :func:`read_body_limited`: the body, refused with 413 from its declared
@@ -87,6 +87,19 @@ class _Handler(RequestHandler):
     every other non-200, and logged as one short INFO line instead of a traceback at ERROR
     (a header flood would otherwise fill the log)."""
 
+    awaiting_head = False  # between requests: the next byte starts a head (header timer)
+
+    def data_received(self, data: bytes) -> None:
+        server = self._manager
+        if self.awaiting_head and isinstance(server, _GuardedServer) and self.transport is not None:
+            server.arm_header_timer(self, self.transport)  # a later request's head began
+        super().data_received(data)
+
+    async def finish_response(self, request: Any, resp: web.StreamResponse, start_time: float | None) -> Any:
+        result = await super().finish_response(request, resp, start_time)
+        self.awaiting_head = True
+        return result
+
     def log_exception(self, *args: Any, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info")
         if isinstance(exc, HttpProcessingError):
@@ -125,14 +138,22 @@ class _GuardedServer(web.Server):
             transport.write(REFUSAL)
             transport.close()
             return
-        timer = self._loop.call_later(self.limits.header_timeout_s, self._header_timeout, handler, transport)
-        self.header_timers[handler] = timer
+        self.arm_header_timer(handler, transport)
+
+    def arm_header_timer(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
+        """Close ``transport`` unless a request head arrives within the header timeout."""
+        if handler not in self.header_timers:
+            timeout = self.limits.header_timeout_s
+            timer = self._loop.call_later(timeout, self._header_timeout, handler, transport)
+            self.header_timers[handler] = timer
 
     def connection_lost(self, handler: RequestHandler, exc: BaseException | None = None) -> None:
         self.headers_received(handler)
         super().connection_lost(handler, exc)
 
     def headers_received(self, handler: object) -> None:
+        if isinstance(handler, _Handler):
+            handler.awaiting_head = False
         timer = self.header_timers.pop(handler, None)  # type: ignore[call-overload]
         if timer is not None:
             timer.cancel()

@@ -262,3 +262,29 @@ def test_grpc_silent_connection_and_stalled_message_are_ended(tight_server):
     stalled = declare_huge_grpc_message(tight_server.grpc_port, declared=1000, send_limit=10, timeout_s=15)
     assert stalled.ended_by_server and stalled.grpc_status == "4", stalled  # DEADLINE_EXCEEDED
     good_infer(tight_server)
+
+
+def test_a_later_request_head_sent_slowly_is_cut_by_the_header_timeout(tight_server):
+    """On a keep-alive connection, the second request's head dribbled byte by byte is cut
+    ``--http-header-timeout`` (1 s) after its first byte, not after the keep-alive timeout."""
+    sock = http_connect(tight_server.http_port)
+    try:
+        sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        sock.settimeout(10)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        sock.settimeout(0.3)
+        closed = False
+        for byte in b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 100:  # 30 s at most
+            try:
+                sock.sendall(bytes([byte]))
+                if sock.recv(65536) == b"":
+                    closed = True
+                    break
+            except TimeoutError:
+                continue
+            except OSError:
+                closed = True
+                break
+        assert closed
+    finally:
+        sock.close()
