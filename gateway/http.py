@@ -28,7 +28,7 @@ from gateway.access import HTTP_GROUPS, AccessPolicy
 from gateway.dataplane import DataPlane
 from gateway.http_codec import HEADER_LENGTH, parse_infer_request, render_infer_response
 from gateway.http_encoding import accepted_coding, compress, decode_body
-from gateway.http_limits import HttpLimits, limits_middleware, read_body_limited
+from gateway.http_limits import RESERVATION, HttpLimits, limits_middleware, read_body_limited
 from gateway.status_page import render_page
 from naiad.errors import InvalidInput, Unavailable, as_naiad_error
 from naiad.status import status_snapshot
@@ -161,7 +161,10 @@ async def read_body(request: web.Request) -> bytes:
     coding = request.headers.get(hdrs.CONTENT_ENCODING)
     if not coding:
         return body
-    return await _off_loop(len(body), decode_body, body, coding, request.app[MAX_BODY_BYTES])
+    decoded = await _off_loop(len(body), decode_body, body, coding, request.app[MAX_BODY_BYTES])
+    if limits is not None and len(decoded) > len(body):  # the inflated copy is held too
+        request[RESERVATION].add(len(decoded))
+    return decoded
 
 
 async def infer(request: web.Request) -> web.Response:
