@@ -124,7 +124,7 @@ class Soak:
         self.rng = random.Random(args.seed)
         self.tally = Tally()
         self.redis = EmbeddedRedis(socket_path=workdir / "redis" / "redis.sock",
-                                   appendonly=not args.no_appendonly)  # fmt: skip
+                                   appendonly=not args.no_appendonly, appendfsync="always")  # fmt: skip
         self.server: subprocess.Popen | None = None
         self.http_port = free_port()
         self.started = 0.0

@@ -14,7 +14,7 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -133,6 +133,7 @@ class DataPlane:
         self.max_queue_size = max_queue_size  # per model, unless its config sets one
         self.max_inflight = max_inflight
         self._inflight = 0
+        self.liveness: Callable[[], bool] | None = None  # gateway.liveness.RedisLiveness.live
         self.redis = redis
         self.cache = cache  # None: the server-side response cache is off
         self.registry = registry
@@ -174,9 +175,10 @@ class DataPlane:
         await self.rollouts.close()
         await self.stats_writer.flush()
 
-    @staticmethod
-    def live() -> bool:
-        return True
+    def live(self) -> bool:
+        """Liveness (:mod:`gateway.liveness` when set in ``liveness``): not live once Redis
+        has been unreachable longer than its grace period."""
+        return self.liveness() if self.liveness is not None else True
 
     async def ready(self) -> bool:
         """Ready when Redis answers and the repository is reachable (models may be at zero)."""

@@ -3,8 +3,9 @@
 The servicer only converts (:mod:`gateway.grpc_codec`) and calls the same :class:`DataPlane`
 methods as the HTTP adapter. Errors are mapped once, by :class:`ErrorInterceptor`, from
 :data:`naiad.errors.GRPC_CODES`; an unknown exception becomes INTERNAL with a generic message
-and its traceback goes to the log. Messages may be up to 2 GiB - 1 bytes each way, Triton's
-limit (``MAX_GRPC_MESSAGE_SIZE``) rather than grpcio's 4 MiB default.
+and its traceback goes to the log. Messages may be up to ``--grpc-max-message-size`` bytes
+each way (64 MiB by default; Triton's 2 GiB - 1 at most), read within the limits of
+:mod:`gateway.grpc_limits`.
 """
 
 from __future__ import annotations
@@ -33,17 +34,14 @@ from gateway.grpc_codec import (
     to_server_metadata,
     to_shared_memory_status,
 )
+from gateway.grpc_limits import GrpcLimits, LimitsInterceptor
 from gateway.shared_memory import shared_memory_outputs, unsupported_cuda
 from naiad import rollout
 from naiad.errors import GRPC_CODES, InvalidInput, ModelNotFound, Unauthenticated, Unsupported, as_naiad_error
 
 logger = logging.getLogger(__name__)
 
-#: Largest message either way (Triton's limit: INT32_MAX).
-MAX_MESSAGE_BYTES = 2**31 - 1
 SERVER_OPTIONS = [
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     # Fail to start when the port is taken instead of silently sharing it.
     ("grpc.so_reuseport", 0),
 ]
@@ -78,8 +76,7 @@ def _guard(behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
 
     async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
-            # An access refusal comes first: a refused client learns nothing of its message.
-            if isinstance(request, Undecodable) and not getattr(behavior, "refusal", False):
+            if isinstance(request, Undecodable):
                 raise InvalidInput(request.message)
             return await behavior(request, context)
         except grpc.aio.AbortError:
@@ -160,20 +157,15 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):
 
 
 def _refusing(handler: grpc.RpcMethodHandler, error: Unauthenticated) -> grpc.RpcMethodHandler:
-    """``handler`` with its behavior replaced by one that raises ``error`` (never reading the
-    request: a refused client's message is not parsed further than grpc already did)."""
+    """``handler`` as a request-streaming one whose behavior raises ``error`` without ever
+    iterating its requests: grpc reads none of a refused client's message."""
 
-    async def refuse(request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def refuse(requests: Any, context: grpc.aio.ServicerContext) -> Any:
         raise error
 
-    refuse.refusal = True  # type: ignore[attr-defined]
-
-    kind = (
-        ("stream" if handler.request_streaming else "unary")
-        + "_"
-        + ("stream" if handler.response_streaming else "unary")
-    )
-    return handler._replace(**{kind: refuse})
+    kind = "stream_stream" if handler.response_streaming else "stream_unary"
+    behaviors = dict.fromkeys(("unary_unary", "unary_stream", "stream_unary", "stream_stream"))
+    return handler._replace(request_streaming=True, request_deserializer=None, **{**behaviors, kind: refuse})
 
 
 def _unsupported(feature: str) -> Callable[..., Awaitable[Any]]:
@@ -205,10 +197,10 @@ def bounded_timeout(
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     """``inference.GRPCInferenceService`` over a :class:`DataPlane`; raises NaiadErrors."""
 
-    def __init__(self, dataplane: DataPlane):
+    def __init__(self, dataplane: DataPlane, max_message_bytes: int = 2**31 - 1):
         self._dp = dataplane
         # Inputs read from shared memory are bounded as a gRPC message is, not as an HTTP body.
-        self._shm = dataplane.shared_memory.bounded(MAX_MESSAGE_BYTES)
+        self._shm = dataplane.shared_memory.bounded(max_message_bytes)
 
     async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=self._dp.live())
@@ -342,16 +334,21 @@ def _metadata(context: grpc.aio.ServicerContext, key: str) -> str | None:
 @contextlib.asynccontextmanager
 async def grpc_server(
     dataplane: DataPlane, host: str, port: int, grace_s: float = STOP_GRACE_S,
-    access: AccessPolicy | None = None,
+    access: AccessPolicy | None = None, limits: GrpcLimits | None = None,
 ) -> AsyncIterator[grpc.aio.Server]:
     """A started gRPC server on ``host:port``; on exit it refuses new RPCs at once and gives
     in-flight ones ``grace_s`` seconds to finish (then cancels them). ``access`` restricts
-    API groups (``--grpc-restricted-protocol``)."""
+    API groups (``--grpc-restricted-protocol``); ``limits``: message size, read timeout and
+    the shared byte budget (grpc's own 4 MiB message default without)."""
     interceptors: list[grpc.aio.ServerInterceptor] = [ErrorInterceptor()]
     if access:
         interceptors.append(AccessInterceptor(access))
-    server = grpc.aio.server(interceptors=interceptors, options=SERVER_OPTIONS)
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(dataplane), server)
+    if limits is not None:  # innermost: the access check sees the request-streaming handler
+        interceptors.append(LimitsInterceptor(limits))
+    options = SERVER_OPTIONS + (limits.server_options() if limits is not None else [])
+    server = grpc.aio.server(interceptors=interceptors, options=options)
+    largest = limits.max_message_bytes if limits is not None else 2**31 - 1
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(dataplane, largest), server)
     server.add_insecure_port(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
     await server.start()
     try:

@@ -28,6 +28,7 @@ from gateway.access import HTTP_GROUPS, AccessPolicy
 from gateway.dataplane import DataPlane
 from gateway.http_codec import HEADER_LENGTH, parse_infer_request, parse_raw_request, render_infer_response
 from gateway.http_encoding import COMPRESS_MIN_BYTES, accepted_coding, compress, decode_body
+from gateway.http_limits import RESERVATION, HttpLimits, limits_middleware, read_body_limited
 from gateway.shared_memory import unsupported_cuda
 from gateway.status_page import render_page
 from naiad import rollout
@@ -39,6 +40,7 @@ logger = logging.getLogger(__name__)
 DATAPLANE = web.AppKey("dataplane", DataPlane)
 MAX_BODY_BYTES = web.AppKey("max_body_bytes", int)
 OPENAPI_JSON = web.AppKey("openapi_json", bytes)
+LIMITS = web.AppKey("limits", HttpLimits)
 
 #: ``web.AppRunner`` options the HTTP app needs: request bodies reach the handlers as sent,
 #: so :func:`read_body` decodes them with its own size bound and error answers; a client
@@ -70,6 +72,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         if known is not None:
             response = error_response(known.status, known.message)
             response.headers.update(getattr(known, "headers", {}))
+            if getattr(known, "close_connection", False):  # a body left unread
+                response.force_close()
             return response
         logger.exception("unhandled error on %s %s", request.method, request.path)
         return error_response(HTTPStatus.INTERNAL_SERVER_ERROR, "internal server error")
@@ -153,12 +157,17 @@ async def _off_loop(size: int, func: Callable[..., T], *args: Any) -> T:
 
 async def read_body(request: web.Request) -> bytes:
     """The request body with its ``Content-Encoding`` (gzip, deflate) undone; 413 when the
-    sent or the decoded body is over the limit, 501 for another coding."""
-    body = await request.read()
+    sent or the decoded body is over the limit, 501 for another coding; read within the
+    app's :class:`HttpLimits` (timeouts, shared byte budget) when it has them."""
+    limits = request.app.get(LIMITS)
+    body = await (read_body_limited(request, limits) if limits else request.read())
     coding = request.headers.get(hdrs.CONTENT_ENCODING)
     if not coding:
         return body
-    return await _off_loop(len(body), decode_body, body, coding, request.app[MAX_BODY_BYTES])
+    decoded = await _off_loop(len(body), decode_body, body, coding, request.app[MAX_BODY_BYTES])
+    if limits is not None and len(decoded) > len(body):  # the inflated copy is held too
+        request[RESERVATION].add(len(decoded))
+    return decoded
 
 
 async def infer(request: web.Request) -> web.Response:
@@ -199,8 +208,10 @@ async def _json_object(request: web.Request) -> dict[str, Any]:
         return {}
     try:
         value = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, a 5,000-digit number
         raise InvalidInput(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:  # e.g. 100,000 nested arrays
+        raise InvalidInput("request body JSON is nested too deeply") from None
     if not isinstance(value, dict):
         raise InvalidInput("request body must be a JSON object")
     return value
@@ -336,12 +347,18 @@ def _routes() -> list[web.RouteDef]:
 
 
 def create_app(
-    dataplane: DataPlane, max_body_bytes: int, access: AccessPolicy | None = None
+    dataplane: DataPlane, max_body_bytes: int, access: AccessPolicy | None = None,
+    limits: HttpLimits | None = None,
 ) -> web.Application:
     """The HTTP application; ``max_body_bytes`` caps request bodies (413 above it);
-    ``access`` restricts API groups (``--http-restricted-api``)."""
+    ``access`` restricts API groups (``--http-restricted-api``); ``limits``: read timeouts
+    and the shared byte budget (serve it with :class:`gateway.http_limits.LimitedAppRunner`)."""
     middlewares = [error_middleware, access_middleware(access)] if access else [error_middleware]
+    if limits is not None:
+        middlewares.insert(0, limits_middleware(limits))
     app = web.Application(client_max_size=max_body_bytes, middlewares=middlewares)
+    if limits is not None:
+        app[LIMITS] = limits
     app[DATAPLANE] = dataplane
     app[MAX_BODY_BYTES] = max_body_bytes
     app[OPENAPI_JSON] = json.dumps(load_openapi()).encode()

@@ -14,6 +14,7 @@ bytes of a one-input model's only input (:func:`parse_raw_request`).
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import numpy as np
@@ -268,7 +269,17 @@ def _json_values(tensor: Tensor) -> list[Any]:
             raise InvalidInput(
                 f"output '{tensor.name}' holds non-UTF-8 bytes: request it with binary_data"
             ) from None
-    return tensor.data.reshape(-1).tolist()
+    values = tensor.data.reshape(-1)
+    if values.dtype.kind == "f" and not np.isfinite(values).all():
+        return [v if math.isfinite(v) else NON_FINITE[str(v)] for v in values.tolist()]
+    return values.tolist()
+
+
+#: JSON has no NaN or infinities (RFC 8259 §6). Real Triton 2.51 writes the bare tokens
+#: ``NaN``, ``Infinity``, ``-Infinity`` (invalid JSON that strict parsers refuse); Naiad writes
+#: them as strings, which ``tritonclient``'s ``as_numpy`` (``np.array(data, dtype=...)``)
+#: turns back into the same float values (docs/protocol.md, accepted differences).
+NON_FINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
 
 
 def render_infer_response(

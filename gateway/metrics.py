@@ -19,7 +19,9 @@ serves every version, so it is reported under the newest). Of this machine: ``nv
 ``naiad_model_download_seconds_total``, ``naiad_model_loads_total``,
 ``naiad_model_load_seconds_total``, ``naiad_model_load_failures_total``,
 ``naiad_scaler_decisions_total`` (label ``action``), ``naiad_rollbacks_total`` (label
-``version``) and ``naiad_shadow_requests_total`` (labels ``version``, ``outcome``).
+``version``) and ``naiad_shadow_requests_total`` (labels ``version``, ``outcome``); of the
+gateway: ``naiad_redis_up`` (0 when this scrape could not read Redis: then only it and the
+machine's gauges are there, with status 200).
 
 prometheus_client's exposition names a counter's HELP/TYPE lines ``<name>_total``; Triton's
 counters carry no such suffix, so :func:`render` writes a counter's lines under the name its
@@ -28,17 +30,21 @@ samples have. Build counters with :func:`counter` (samples named as the family).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Iterable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+from redis.exceptions import RedisError
 
 from gateway.access import AccessPolicy
 from gateway.registry import ModelRegistry
 from naiad import queue_policy, stats, telemetry
 from naiad.host import CpuReading, GpuReader, GpuReading, read_cpu
+
+logger = logging.getLogger(__name__)
 
 REGISTRY_KEY = web.AppKey("registry", ModelRegistry)
 
@@ -237,6 +243,7 @@ class SnapshotCollector(Collector):
         read_cpu: Callable[[], CpuReading] = read_cpu,
     ) -> None:
         self.models: list[telemetry.ModelTelemetry] = []
+        self.redis_up = True
         self.read_gpus = read_gpus or GpuReader()
         self.read_cpu = read_cpu
 
@@ -244,6 +251,8 @@ class SnapshotCollector(Collector):
         yield from _version_families(self.models)
         yield from _naiad_families(self.models)
         yield from host_families(self.read_gpus(), self.read_cpu())
+        yield GaugeMetricFamily("naiad_redis_up", "1 when the last scrape could read Redis, else 0",
+                                value=1 if self.redis_up else 0)
 
 
 SNAPSHOT = web.AppKey("snapshot", SnapshotCollector)
@@ -275,18 +284,31 @@ def render(registry: CollectorRegistry) -> bytes:
     return b"".join(parts)
 
 
+async def _read_models(
+    registry: ModelRegistry, flush: Callable[[], Awaitable[None]]
+) -> list[telemetry.ModelTelemetry]:
+    await flush()
+    await registry.sync()
+    entries = registry.entries()
+    models = [(entry.name, sorted(entry.versions)) for entry in entries]
+    levels = {e.name: queue_policy.priority_levels(e.config) for e in entries if e.config is not None}
+    return await telemetry.snapshot(registry.redis, models, levels)
+
+
 async def _nothing() -> None:
     return None
 
 
 async def metrics(request: web.Request) -> web.Response:
-    registry = request.app[REGISTRY_KEY]
-    await request.app[FLUSH]()
-    await registry.sync()
-    entries = registry.entries()
-    models = [(entry.name, sorted(entry.versions)) for entry in entries]
-    levels = {e.name: queue_policy.priority_levels(e.config) for e in entries if e.config is not None}
-    request.app[SNAPSHOT].models = await telemetry.snapshot(registry.redis, models, levels)
+    """The scrape. Redis unreachable: still 200, with this machine's gauges and
+    ``naiad_redis_up 0`` instead of the per-model series (read from Redis), and a warning."""
+    snapshot = request.app[SNAPSHOT]
+    try:
+        snapshot.models = await _read_models(request.app[REGISTRY_KEY], request.app[FLUSH])
+        snapshot.redis_up = True
+    except (RedisError, OSError) as exc:
+        logger.warning("metrics without per-model series: redis unreachable (%s)", exc)
+        snapshot.models, snapshot.redis_up = [], False
     body = render(request.app[PROM])
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

@@ -20,8 +20,12 @@ from aiohttp import web
 from gateway.access import AccessPolicy
 from gateway.dataplane import DataPlane
 from gateway.dispatcher import READER_BLOCK_S, QueueDispatcher
+from gateway.grpc_limits import GrpcLimits
 from gateway.grpc_server import grpc_server
 from gateway.http import RUNNER_OPTIONS, create_app
+from gateway.http_limits import HttpLimits, LimitedAppRunner
+from gateway.limits import ByteBudget
+from gateway.liveness import RedisLiveness
 from gateway.load_probe import LoadProbe
 from gateway.metrics import create_metrics_app
 from gateway.registry import ModelRegistry, poll_repository
@@ -35,10 +39,13 @@ logger = logging.getLogger(__name__)
 
 
 @contextlib.asynccontextmanager
-async def _site(app: web.Application, host: str, port: int, **options: Any) -> AsyncIterator[None]:
-    """``app`` served on ``host:port``; on exit aiohttp closes the listening socket, then
-    waits for in-flight handlers (``shutdown_timeout`` in ``options``, default 60 s)."""
-    runner = web.AppRunner(app, access_log=None, **options)
+async def _site(
+    app: web.Application, host: str, port: int, limits: HttpLimits, **options: Any
+) -> AsyncIterator[None]:
+    """``app`` served on ``host:port`` under ``limits`` (connections, header and idle
+    timeouts); on exit aiohttp closes the listening socket, then waits for in-flight
+    handlers (``shutdown_timeout`` in ``options``, default 60 s)."""
+    runner = LimitedAppRunner(app, limits, access_log=None, **options)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()
@@ -60,15 +67,24 @@ async def _dispatcher(redis: aioredis.Redis, redis_url: str) -> AsyncIterator[Qu
 
 
 @contextlib.asynccontextmanager
-async def _endpoints(settings: Settings, dataplane: DataPlane) -> AsyncIterator[None]:
-    """The HTTP and gRPC endpoints; on the way out both stop accepting, then give in-flight
-    requests ``shutdown_grace_s`` to finish, concurrently."""
+async def _endpoints(settings: Settings, dataplane: DataPlane, limits: HttpLimits) -> AsyncIterator[None]:
+    """The HTTP and gRPC endpoints, one byte budget for both (``limits.budget``); on the way
+    out both stop accepting, then give in-flight requests ``shutdown_grace_s`` to finish."""
     grace = settings.shutdown_grace_s
     http_access = AccessPolicy(settings.http_restricted_api, "--http-restricted-api")
     grpc_access = AccessPolicy(settings.grpc_restricted_protocol, "--grpc-restricted-protocol")
-    app = create_app(dataplane, settings.http_max_body_bytes, http_access)
-    http = _site(app, settings.http_host, settings.http_port, shutdown_timeout=grace, **RUNNER_OPTIONS)
-    rpc = grpc_server(dataplane, settings.http_host, settings.grpc_port, grace_s=grace, access=grpc_access)
+    app = create_app(dataplane, settings.http_max_body_bytes, http_access, limits)
+    http = _site(
+        app, settings.http_host, settings.http_port, limits, shutdown_timeout=grace, **RUNNER_OPTIONS
+    )
+    rpc_limits = GrpcLimits(
+        limits.budget, settings.grpc_max_message_bytes, settings.http_body_timeout_s,
+        settings.http_header_timeout_s, settings.http_keepalive_timeout_s,
+    )  # fmt: skip
+    rpc = grpc_server(
+        dataplane, settings.http_host, settings.grpc_port, grace_s=grace, access=grpc_access,
+        limits=rpc_limits,
+    )
     await http.__aenter__()
     try:
         await rpc.__aenter__()
@@ -125,15 +141,19 @@ async def run_gateway(settings: Settings, redis_url: str, stop: asyncio.Event) -
             cache=cache, max_queue_size=settings.max_queue_size, max_inflight=settings.max_inflight,
             shared_memory=SystemSharedMemory(settings.http_max_body_bytes),
         )
+        liveness = RedisLiveness(redis, settings.redis_down_grace_s)
+        dataplane.liveness = liveness.live
+        await stack.enter_async_context(_background(liveness.run()))
         stack.callback(dataplane.shared_memory.close)  # after the endpoints closed
         stack.push_async_callback(dataplane.close)  # after the endpoints closed
-        await stack.enter_async_context(_endpoints(settings, dataplane))
+        limits = HttpLimits.from_settings(settings, ByteBudget(settings.max_buffered_bytes))
+        await stack.enter_async_context(_endpoints(settings, dataplane, limits))
         # /metrics is the 'metrics' API group of --http-restricted-api.
         metrics = create_metrics_app(
             registry, AccessPolicy(settings.http_restricted_api), dataplane.stats_writer.flush
         )
         metrics_host = settings.metrics_address or settings.http_host
-        await stack.enter_async_context(_site(metrics, metrics_host, settings.metrics_port))
+        await stack.enter_async_context(_site(metrics, metrics_host, settings.metrics_port, limits))
         logger.info(
             "serving %s: HTTP on :%d, gRPC on :%d, metrics on :%d",
             settings.model_repository, settings.http_port, settings.grpc_port, settings.metrics_port,

@@ -83,8 +83,22 @@ GATEWAY_FLAGS = {
     "--request-timeout": ("request_timeout_s", float, "seconds a request without a 'timeout' parameter "
                           "(or with 0) may wait for its answer, cold start included"),
     "--shutdown-grace": ("shutdown_grace_s", float, "seconds in-flight requests get on SIGTERM"),
+    "--redis-down-grace": ("redis_down_grace_s", float, "seconds Redis may be unreachable before "
+                           "/v2/health/live says not live"),
     "--max-queue-size": ("max_queue_size", int, "most requests queued per model; more: 503"),
     "--max-inflight": ("max_inflight", int, "most requests one gateway carries; more: 503"),
+    "--max-buffered-bytes": ("max_buffered_bytes", int, "most request bytes buffered at once, HTTP and "
+                             "gRPC together; more: 503"),
+    "--grpc-max-message-size": ("grpc_max_message_bytes", int, "largest gRPC message in bytes "
+                                "(Triton's 2147483647 at most)"),
+    "--http-header-timeout": ("http_header_timeout_s", float, "seconds a connection has to send "
+                              "complete request headers (also gRPC's handshake)"),
+    "--http-body-first-byte-timeout": ("http_body_first_byte_timeout_s", float,
+                                       "seconds from the headers to the body's first byte"),
+    "--http-body-timeout": ("http_body_timeout_s", float, "seconds a whole body (or gRPC message) may take"),
+    "--http-keepalive-timeout": ("http_keepalive_timeout_s", float, "seconds an idle keep-alive "
+                                 "connection stays open"),
+    "--http-max-connections": ("http_max_connections", int, "most open HTTP connections per port; more: 503"),
     "--model-control-mode": ("model_control_mode", "none|poll|explicit", "none, poll or explicit"),
     "--repository-poll-secs": ("repository_poll_secs", float, "poll mode: seconds between re-indexings"),
     "--load-model": ("load_model", list, "explicit mode: model to load at start, repeatable ('*': all)"),
@@ -179,9 +193,13 @@ def _add_tool_commands(commands) -> None:
                         "(default: %(default)s)")
 
 
-def _settings(args: argparse.Namespace) -> Settings:
+def _settings(args: argparse.Namespace, redis_url: str | None = None) -> Settings:
+    """Settings from the flags (then ``NAIAD_*``); ``redis_url``: one a parent passed
+    privately (:func:`naiad.procs.take_redis_url`), before any flag."""
     fields = set(Settings.model_fields)
     values = {k: v for k, v in vars(args).items() if k in fields}
+    if redis_url is not None:
+        values["redis_url"] = redis_url
     return Settings(**values, **parse_cache_config(getattr(args, "cache_config", [])))
 
 
@@ -250,6 +268,14 @@ def _serve_runner(settings: Settings, redis_url: str):
     return run
 
 
+def _embedded_redis(stack: contextlib.ExitStack, embedded) -> str:
+    """Start the embedded Redis (a generated password, an append-only file in its private
+    folder, restarted by a supervisor thread when it dies: :mod:`naiad.redis_server`)."""
+    server = stack.enter_context(embedded(appendonly=True, password=True))
+    server.supervise()
+    return server.url
+
+
 def cmd_serve(settings: Settings, with_gateway: bool = True, with_scaler: bool = True) -> int:
     from naiad.redis_server import EmbeddedRedis  # noqa: PLC0415
 
@@ -257,7 +283,7 @@ def cmd_serve(settings: Settings, with_gateway: bool = True, with_scaler: bool =
         print("naiad: --redis-url is required unless running `naiad serve`", file=sys.stderr)
         return 2
     with contextlib.ExitStack() as stack:
-        redis_url = settings.redis_url or stack.enter_context(EmbeddedRedis()).url
+        redis_url = settings.redis_url or _embedded_redis(stack, EmbeddedRedis)
         if with_gateway and with_scaler:
             runners = [_serve_runner(settings, redis_url)]
         elif with_scaler:
@@ -365,10 +391,12 @@ def _check_access(settings: Settings) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     procs.adopt_parent_death()  # a worker started by the scaler dies with it
+    procs.take_ready_fd()
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        settings = _settings(args)
+        settings = _settings(args, procs.take_redis_url())
+        procs.forget_secrets()  # read into settings: out of the environment model code sees
         _check_access(settings)
     except ValueError as exc:  # a malformed --cache-config, --http-restricted-api ...
         parser.error(str(exc))

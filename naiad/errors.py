@@ -100,6 +100,13 @@ class PayloadTooLarge(NaiadError):
     status = HTTPStatus.REQUEST_ENTITY_TOO_LARGE
 
 
+class RequestTimeout(NaiadError):
+    """The request's body (or gRPC message) did not arrive within the server's read
+    timeouts (408; DEADLINE_EXCEEDED over gRPC); the connection is closed after the answer."""
+
+    status = HTTPStatus.REQUEST_TIMEOUT
+
+
 class InferenceFailed(NaiadError):
     """The backend raised while running the model (500); the message is the backend's."""
 
@@ -153,6 +160,7 @@ GRPC_CODES: dict[type[NaiadError], str] = {
     DeadlineExceeded: "DEADLINE_EXCEEDED",
     Unsupported: "UNIMPLEMENTED",
     PayloadTooLarge: "RESOURCE_EXHAUSTED",
+    RequestTimeout: "DEADLINE_EXCEEDED",
     InferenceFailed: "INTERNAL",
     RepositoryError: "UNAVAILABLE",
     ModelControlDisabled: "UNAVAILABLE",

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -87,6 +87,11 @@ class Settings(BaseSettings):
     pull_backoff_s: float = Field(default=0.5, ge=0)
     """Wait before the second pull attempt; doubled before each next one
     (``NAIAD_PULL_BACKOFF_S``)."""
+
+    redis_down_grace_s: float = Field(default=30.0, gt=0)
+    """Seconds Redis may stay unreachable before the gateway reports not live
+    (``/v2/health/live`` 400, gRPC ``ServerLive`` false), so an orchestrator restarts it
+    (``--redis-down-grace``); a shorter outage only fails the requests it meets (503)."""
 
     shutdown_grace_s: float = Field(default=30.0, ge=0)
     """Seconds a stopping gateway (SIGTERM/SIGINT) gives its in-flight requests to finish
@@ -181,6 +186,39 @@ class Settings(BaseSettings):
     http_max_body_bytes: int = 64 * 1024**2
     """Largest HTTP request body accepted (aiohttp ``client_max_size``), in bytes."""
 
+    grpc_max_message_bytes: int = Field(default=64 * 1024**2, ge=1024, le=2**31 - 1)
+    """Largest gRPC message received or sent, in bytes (``--grpc-max-message-size``). grpc
+    core refuses a larger one from its declared length (RESOURCE_EXHAUSTED) before buffering
+    it. Default 64 MiB, the HTTP body limit; Triton's 2 GiB - 1 (2147483647) is allowed."""
+
+    max_buffered_bytes: int = Field(default=256 * 1024**2, ge=1024)
+    """Most request bytes one gateway buffers at once, every request of both transports
+    together (``--max-buffered-bytes``, :mod:`gateway.limits`); one more is refused at once
+    with 503 + ``Retry-After`` / UNAVAILABLE. At least the larger of ``http_max_body_bytes``
+    and ``grpc_max_message_bytes``, or a largest request could never be read."""
+
+    http_header_timeout_s: float = Field(default=10.0, gt=0)
+    """Seconds a new connection has to send a request's complete headers, from its start
+    (``--http-header-timeout``); a silent or dribbling client is then disconnected. Also
+    gRPC's handshake timeout."""
+
+    http_body_first_byte_timeout_s: float = Field(default=10.0, gt=0)
+    """Seconds a request whose body is expected has, after its headers, to send the body's
+    first byte (``--http-body-first-byte-timeout``); then 408 and the connection is closed."""
+
+    http_body_timeout_s: float = Field(default=60.0, gt=0)
+    """Seconds a request's whole body may take to arrive (``--http-body-timeout``), on HTTP
+    and for a gRPC message; then 408 (gRPC: DEADLINE_EXCEEDED) and the connection (HTTP) or
+    the call (gRPC) is closed, freeing its in-flight slot."""
+
+    http_keepalive_timeout_s: float = Field(default=75.0, gt=0)
+    """Seconds an idle keep-alive connection stays open between requests
+    (``--http-keepalive-timeout``; gRPC: its ``max_connection_idle``)."""
+
+    http_max_connections: int = Field(default=1024, ge=1)
+    """Most HTTP connections open at once per port (``--http-max-connections``); one more is
+    answered 503 and closed at once, so file descriptors last."""
+
     log_level: str = "INFO"
     """Python logging level name."""
 
@@ -210,6 +248,14 @@ class Settings(BaseSettings):
     """OpenTelemetry tracing (needs the ``trace`` extra). The exporter, sampler and service
     name come from the standard ``OTEL_*`` variables (``OTEL_TRACES_EXPORTER=otlp|console|none``,
     ``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_TRACES_SAMPLER``, ``OTEL_SERVICE_NAME``)."""
+
+    @model_validator(mode="after")
+    def _budget_holds_a_request(self) -> Settings:
+        largest = max(self.http_max_body_bytes, self.grpc_max_message_bytes)
+        if self.max_buffered_bytes < largest:
+            raise ValueError(f"--max-buffered-bytes ({self.max_buffered_bytes}) must be at least the "
+                             f"largest request (--grpc-max-message-size / HTTP body limit: {largest})")
+        return self
 
 
 def parse_rate_limit_resource(value: str) -> tuple[str, int, int | None]:

@@ -37,7 +37,8 @@ from naiad.redis_client import connect
 from naiad.settings import Settings
 from repository_store import ModelConfig, ModelEntry, backend_of
 from repository_store.ensemble import is_ensemble
-from workers import placement, scaling
+from workers import load_failure, placement, scaling
+from workers.start_failures import StartFailures, describe_exit, is_early_failure
 from workers.warm_pool import WarmPool, pool_command
 
 #: Seconds a worker this scaler started may go without any heartbeat of its model before it
@@ -72,16 +73,19 @@ class LocalScaler:
         self._slots: dict[str, placement.Slots] = {}  # model -> its instances on this machine
         self._devices: dict[int, str] = {}  # pid -> the device its worker was placed on
         self._warned: set[tuple[str, str]] = set()  # (model, warning) already logged
+        self.start_failures = StartFailures()  # workers that died before they could report
+        self._to_mark: dict[str, str] = {}  # model -> reason, to mark UNAVAILABLE
         self.has_gpu = bool(self.gpus())
-        self.pool = WarmPool(settings, pool_command(settings, redis_url, self.log_flags()),
+        self.pool = WarmPool(settings, pool_command(settings, self.log_flags()), redis_url,
                              env={**os.environ, **placement.worker_env(placement.CPU, self.has_gpu)})
 
     def worker_command(self, model: str) -> list[str]:
+        """A worker's command line; never the Redis URL (it may hold a password): the
+        worker reads it from an inherited pipe (:func:`naiad.procs.spawn_python`)."""
         return [
             sys.executable, "-m", "naiad.cli", "worker",
             "--model", model,
             "--model-repository", self.settings.model_repository,
-            "--redis-url", self.redis_url,
             "--idle-timeout", str(self.settings.idle_timeout_s),
             "--min-workers", str(self.settings.min_workers),
             "--log-level", self.settings.log_level,
@@ -105,8 +109,11 @@ class LocalScaler:
     async def run(self) -> None:
         """Scale until cancelled; then stop every worker it started (SIGTERM, drain)."""
         self.pool.start()
+        task = asyncio.current_task()
         try:
-            while True:
+            # redis-py may swallow a cancellation that lands in a command (its BLPOP): stop
+            # as soon as the task is being cancelled, whatever the command returned.
+            while task is None or not task.cancelling():
                 woken = await self._wait_for_wake()
                 await self._reconcile(woken)
         finally:
@@ -132,13 +139,40 @@ class LocalScaler:
     def _alive(self, model: str) -> int:
         running = [p for p in self.processes.get(model, []) if p.poll() is None]
         for gone in set(self.processes.get(model, [])) - set(running):
+            ready = procs.became_ready(gone)
             if gone.returncode not in (0, 2):  # 2: it could not load the model, and said why
-                logger.warning("worker pid %d of model '%s' exited unexpectedly (code %s); its claimed "
-                               "requests will be reclaimed", gone.pid, model, gone.returncode)  # fmt: skip
+                logger.warning("worker pid %d of model '%s' exited unexpectedly (%s%s); its claimed "
+                               "requests will be reclaimed", gone.pid, model, describe_exit(gone.returncode),
+                               "" if ready else ", before it could serve")  # fmt: skip
+            self._count_start(model, gone.returncode, ready)
             self._started_at.pop(gone.pid, None)
             self._devices.pop(gone.pid, None)
         self.processes[model] = running
         return len(running)
+
+    def _count_start(self, model: str, returncode: int, ready: bool | None) -> None:
+        if ready:
+            self.start_failures.succeeded(model)
+        elif is_early_failure(returncode, ready):
+            if self.start_failures.failed(model, time.monotonic()):
+                self._to_mark[model] = self.start_failures.reason(model, returncode)
+
+    async def _mark_failed_starts(self) -> None:
+        """Mark UNAVAILABLE the models whose workers died before reporting, twice in a row
+        (:mod:`workers.start_failures`), against the READY entry the registry holds now."""
+        for model, reason in list(self._to_mark.items()):
+            try:
+                raw = await self.redis.hget(keys.REGISTRY, model)
+                entry = ModelEntry.from_bytes(raw) if raw else None
+                ready = entry is not None and entry.ready
+                if ready and await load_failure.mark_unavailable(self.redis, raw, reason):
+                    logger.error("model '%s' marked UNAVAILABLE: %s", model, reason)
+                self._registry_generation = None  # re-read the policies: no minimum now
+            except (RedisError, ValueError) as exc:
+                logger.warning("model '%s' not marked UNAVAILABLE yet: %s", model, exc)
+                continue
+            self.start_failures.marked(model)
+            del self._to_mark[model]
 
     async def _reconcile(self, woken: set[str]) -> None:
         try:
@@ -163,7 +197,8 @@ class LocalScaler:
         for index, name in enumerate(names):
             demand, live = counts[2 * index], counts[2 * index + 1]
             decision = self._decide(name, demand, live)
-            for _ in range(decision.start):
+            may_start = self.start_failures.may_start(name, time.monotonic())
+            for _ in range(decision.start if may_start else 0):
                 if self.start_worker(name) is None:
                     break  # every GPU slot of the model is taken
                 started.append(name)
@@ -174,6 +209,8 @@ class LocalScaler:
                 self._changed_at[name] = time.monotonic()
         await self._record_decisions(started, "start")
         await self._record_decisions(stopped, "stop")
+        if self._to_mark:
+            await self._mark_failed_starts()
 
     def _decide(self, name: str, demand: int, live: int) -> scaling.Decision:
         """The policy's decision; workers this scaler already told to stop still heartbeat
@@ -265,6 +302,9 @@ class LocalScaler:
         return placement.choose(slots, gpus, placed)
 
     def _reap(self) -> None:
+        for _, process in self.draining:
+            if process.poll() is not None:
+                procs.became_ready(process)  # closes its readiness pipe
         self.draining = [(model, p) for model, p in self.draining if p.poll() is None]
 
     async def _record_decisions(self, models: list[str], action: str) -> None:
@@ -290,7 +330,7 @@ class LocalScaler:
         process = self.pool.claim(command, self._backends.get(model)) if device == placement.CPU else None
         if process is None:
             env = {**os.environ, **placement.worker_env(device, self.has_gpu)}
-            process = procs.spawn_python(command, env=env)
+            process = procs.spawn_python(command, redis_url=self.redis_url, env=env)
         self.processes.setdefault(model, []).append(process)
         self._started_at[process.pid] = time.monotonic()
         self._devices[process.pid] = device

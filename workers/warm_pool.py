@@ -60,12 +60,12 @@ CHECK_S = 5.0
 BACKENDS_ENV = "NAIAD_WARM_POOL_BACKENDS"
 
 
-def pool_command(settings: Settings, redis_url: str, log_flags: Sequence[str]) -> list[str]:
-    """The command line of one pool process (what it prepares: its Redis, its repository)."""
+def pool_command(settings: Settings, log_flags: Sequence[str]) -> list[str]:
+    """The command line of one pool process (what it prepares: its repository; its Redis
+    URL comes through an inherited pipe, see :func:`naiad.procs.spawn_python`)."""
     return [
         sys.executable, "-m", "naiad.cli", "worker", "--pool",
         "--model-repository", settings.model_repository,
-        "--redis-url", redis_url,
         "--cache-dir", str(settings.cache_dir),
         "--log-level", settings.log_level,
         *log_flags,
@@ -78,9 +78,13 @@ class WarmPool:
     their environment (the scaler's CPU placement: pool processes serve CPU workers only, see
     :mod:`workers.placement`); None: this process's."""
 
-    def __init__(self, settings: Settings, command: Sequence[str], env: Mapping[str, str] | None = None):
+    def __init__(
+        self, settings: Settings, command: Sequence[str], redis_url: str,
+        env: Mapping[str, str] | None = None,
+    ):  # fmt: skip
         self.size = settings.warm_pool_size
         self.backends = list(dict.fromkeys(settings.warm_pool_backends)) or ["onnxruntime"]
+        self.redis_url = redis_url
         self.idle_timeout_s = settings.warm_pool_idle_timeout_s
         self.command = list(command)
         self.env = dict(os.environ if env is None else env)
@@ -145,6 +149,7 @@ class WarmPool:
         for group in self.idle.values():
             for process in [p for p in group if p.poll() is not None]:
                 logger.warning("warm-pool process pid %d exited with %s", process.pid, process.returncode)
+                procs.became_ready(process)  # closes its readiness pipe
                 group.remove(process)
         now = time.monotonic()
         if self.idle_timeout_s is not None:
@@ -160,7 +165,9 @@ class WarmPool:
         for backend, group in self.idle.items():
             env = {**self.env, BACKENDS_ENV: json.dumps([backend])}
             while len(group) < self.size:
-                group.append(procs.spawn_python(self.command, stdin=subprocess.PIPE, env=env))
+                group.append(procs.spawn_python(
+                    self.command, redis_url=self.redis_url, stdin=subprocess.PIPE, env=env
+                ))
         if self.idle_timeout_s is None:
             return CHECK_S
         return min(CHECK_S, self.idle_timeout_s - (now - self._last_cold_start))
@@ -216,6 +223,8 @@ async def serve_claim(settings: Settings, parse: Callable[[list[str]], tuple[Set
     claimed, model = parse(worker_args)
     _retitle(worker_args)
     logs.configure(claimed)
+    if claimed.redis_url is None:  # the URL came through this process's inherited pipe
+        claimed = claimed.model_copy(update={"redis_url": settings.redis_url})
     if claimed.redis_url != settings.redis_url:
         redis = await _close(redis)
     if claimed.model_repository != settings.model_repository:

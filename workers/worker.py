@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
-from naiad import logs, queue_policy, stats
+from naiad import logs, procs, queue_policy, stats
 from naiad.codec import QueuedRequest, Reply, encode_reply, entry_order
 from naiad.errors import DeadlineExceeded, NaiadError, QueueTimeout
 from naiad.ids import fresh_id
@@ -146,6 +146,7 @@ class Worker:
         origin = self.prepared.claimed_at if self.prepared else cold_start.process_started_at()
         await cold_start.record(self.redis, self.model, origin, self.prepared is not None, self._marks,
                                 self.loader.take_loads(), self.replies)  # fmt: skip
+        procs.report_ready()  # the scaler: this worker got past its load (workers.scaler)
         await self._serve()
         return 0
 

@@ -190,7 +190,7 @@ class PythonBackend:
     def _import(self, path: Path) -> ModuleType:
         try:
             module = import_model_file(path, self.config.name)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # sys.exit() in model.py is its load failing
             raise ModelNotReady(f"failed to load model '{self.config.name}': importing "
                                 f"'{path.name}' raised {type(exc).__name__}: {exc}") from exc  # fmt: skip
         if not inspect.isclass(getattr(module, "TritonPythonModel", None)):
@@ -205,7 +205,7 @@ class PythonBackend:
             model = self.module.TritonPythonModel()
             if callable(getattr(model, "initialize", None)):
                 model.initialize(dict(self.args))
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             raise ModelNotReady(f"failed to load model '{self.config.name}': initialize() raised "
                                 f"{type(exc).__name__}: {exc}") from exc  # fmt: skip
         if inspect.iscoroutinefunction(model.execute):
