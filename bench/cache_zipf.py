@@ -65,7 +65,7 @@ def start_server(repo: Path, workdir: Path) -> tuple[subprocess.Popen, int]:
 def start_serve(repo: Path, workdir: Path) -> tuple[subprocess.Popen, int, int]:
     """``naiad serve`` on free ports; the process, its HTTP and gRPC ports once ready."""
     http, grpc, metrics = free_port(), free_port(), free_port()
-    args = [sys.executable, "-m", "naiad.cli", "serve", "--model-repository", str(repo),
+    args = [sys.executable, "-m", "naiad_cli", "serve", "--model-repository", str(repo),
             "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
             "--cache-dir", str(workdir / "cache"), "--log-level", "WARNING"]  # fmt: skip
     log = (workdir / "serve.log").open("wb")

@@ -66,7 +66,7 @@ class Server:
     def __init__(self, repo: Path, workdir: Path, pool_args: list[str], idle_timeout_s: float):
         self.http, self.metrics_port = free_port(), free_port()
         self.log_path = workdir / "serve.log"
-        args = [sys.executable, "-m", "naiad.cli", "serve", "--model-repository", str(repo),
+        args = [sys.executable, "-m", "naiad_cli", "serve", "--model-repository", str(repo),
                 "--http-port", str(self.http), "--grpc-port", str(free_port()),
                 "--metrics-port", str(self.metrics_port), "--cache-dir", str(workdir / "cache"),
                 "--idle-timeout", str(idle_timeout_s), *pool_args,

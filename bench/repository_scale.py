@@ -107,7 +107,7 @@ def fill_bucket(endpoint: str, digits: Path, models: int) -> str:
 
 def start_server(uri: str, workdir: Path, poll_s: float) -> tuple[subprocess.Popen, int, int, float]:
     http, grpc, metrics = free_port(), free_port(), free_port()
-    args = [sys.executable, "-m", "naiad.cli", "serve", "--model-repository", uri,
+    args = [sys.executable, "-m", "naiad_cli", "serve", "--model-repository", uri,
             "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
             "--cache-dir", str(workdir / "cache"), "--log-level", "WARNING", "--idle-timeout", "1",
             "--model-control-mode", "poll", "--repository-poll-secs", str(poll_s)]  # fmt: skip

@@ -138,7 +138,7 @@ class Soak:
         (self.workdir / "redis").mkdir(parents=True, exist_ok=True)
         self.redis.start()
         args = [
-            sys.executable, "-m", "naiad.cli", "serve", "--model-repository", str(self.repository),
+            sys.executable, "-m", "naiad_cli", "serve", "--model-repository", str(self.repository),
             "--redis-url", self.redis.url, "--http-port", str(self.http_port),
             "--grpc-port", str(free_port()), "--metrics-port", str(free_port()),
             "--idle-timeout", "60", "--cache-dir", str(self.workdir / "cache"),

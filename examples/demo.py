@@ -47,9 +47,9 @@ def free_port() -> int:
 
 
 def naiad_command() -> list[str]:
-    """The ``naiad`` script beside this interpreter, else on PATH, else ``python -m naiad.cli``."""
+    """The ``naiad`` script beside this interpreter, else on PATH, else ``python -m naiad_cli``."""
     script = shutil.which("naiad", path=str(Path(sys.executable).parent)) or shutil.which("naiad")
-    return [script] if script else [sys.executable, "-m", "naiad.cli"]
+    return [script] if script else [sys.executable, "-m", "naiad_cli"]
 
 
 def serve_accepts(serve: list[str], flag: str) -> bool:

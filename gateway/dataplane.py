@@ -22,13 +22,11 @@ from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError
 
 from gateway.classification import classify
-from gateway.dispatcher import QueueDispatcher
 from gateway.ensemble import EnsembleScheduler
 from gateway.registry import UNLOADED, ModelRegistry
 from gateway.response_cache import CacheTrace, ResponseCache
 from gateway.rollouts import Rollouts
 from gateway.shared_memory import SystemSharedMemory
-from gateway.validation import client_shape, validate_request, wire_datatype
 from naiad import __version__, logs, queue_policy, stats, telemetry, tracing
 from naiad.errors import (
     InvalidInput,
@@ -42,8 +40,10 @@ from naiad.errors import (
 )
 from naiad.ids import fresh_id
 from naiad.inference import InferRequest, InferResponse
+from naiad.queue_client import QueueDispatcher
 from naiad.queue_policy import Placement
 from naiad.stats_writer import StatsWriter
+from naiad.validation import client_shape, validate_request, wire_datatype
 from repository_store import (
     ModelConfig,
     ModelEntry,

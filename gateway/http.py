@@ -30,10 +30,10 @@ from gateway.http_codec import HEADER_LENGTH, parse_infer_request, parse_raw_req
 from gateway.http_encoding import COMPRESS_MIN_BYTES, accepted_coding, compress, decode_body
 from gateway.http_limits import RESERVATION, HttpLimits, limits_middleware, read_body_limited
 from gateway.shared_memory import unsupported_cuda
+from gateway.status import status_snapshot
 from gateway.status_page import render_page
 from naiad import rollout
 from naiad.errors import InvalidInput, Unavailable, as_naiad_error
-from naiad.status import status_snapshot
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ LIMITS = web.AppKey("limits", HttpLimits)
 #: ``web.AppRunner`` options the HTTP app needs: request bodies reach the handlers as sent,
 #: so :func:`read_body` decodes them with its own size bound and error answers; a client
 #: that disconnects cancels its handler, which withdraws its queued request
-#: (:meth:`gateway.dispatcher.QueueDispatcher.infer`).
+#: (:meth:`naiad.queue_client.QueueDispatcher.infer`).
 RUNNER_OPTIONS: dict[str, Any] = {"auto_decompress": False, "handler_cancellation": True}
 #: Bodies at least this large are decoded or compressed in a thread, off the event loop.
 THREAD_BYTES = 1024 * 1024

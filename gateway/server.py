@@ -19,7 +19,6 @@ from aiohttp import web
 
 from gateway.access import AccessPolicy
 from gateway.dataplane import DataPlane
-from gateway.dispatcher import READER_BLOCK_S, QueueDispatcher
 from gateway.grpc_limits import GrpcLimits
 from gateway.grpc_server import grpc_server
 from gateway.http import RUNNER_OPTIONS, create_app
@@ -31,6 +30,7 @@ from gateway.metrics import create_metrics_app
 from gateway.registry import ModelRegistry, poll_repository
 from gateway.response_cache import WAIT_BLOCK_S, CacheConfig, ResponseCache
 from gateway.shared_memory import SystemSharedMemory
+from naiad.queue_client import READER_BLOCK_S, QueueDispatcher
 from naiad.redis_client import connect
 from naiad.settings import Settings
 from repository_store import open_store

@@ -1,4 +1,4 @@
-"""The read-only status page at ``GET /`` of the HTTP port: :func:`naiad.status.status_snapshot`
+"""The read-only status page at ``GET /`` of the HTTP port: :func:`gateway.status.status_snapshot`
 as a small server-rendered HTML table (no JavaScript; the browser reloads it every
 :data:`REFRESH_S` seconds). Every value is HTML-escaped: model names, reasons and versions
 come from the repository, which the page's reader does not control.
@@ -10,8 +10,8 @@ import time
 from html import escape
 from typing import Any
 
+from gateway.status import BUSY_WINDOW_S, CAPTION, COLUMNS, STATES, cell, has_version_view, version_cells
 from naiad import __version__
-from naiad.status import BUSY_WINDOW_S, CAPTION, COLUMNS, STATES, cell, has_version_view, version_cells
 
 REFRESH_S = 2
 
@@ -57,7 +57,7 @@ def _row(row: dict[str, Any]) -> str:
 
 
 def render_page(snapshot: dict[str, Any]) -> str:
-    """The whole HTML document for ``snapshot`` (see :func:`naiad.status.status_snapshot`)."""
+    """The whole HTML document for ``snapshot`` (see :func:`gateway.status.status_snapshot`)."""
     counts = "".join(
         f'<span class="{state}">{snapshot["counts"][state]} {state}</span>'
         for state in STATES if snapshot["counts"].get(state)

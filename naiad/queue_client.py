@@ -1,6 +1,6 @@
 """The queue protocol's client side: a remote model that looks local.
 
-Used by the gateway (:mod:`gateway.dispatcher` re-exports it) and by workers whose Python
+Used by the gateway and by workers whose Python
 models call other models (BLS, :mod:`workers.backends.python`): one place for how a request
 is enqueued and its reply awaited.
 

@@ -6,7 +6,7 @@ dimension of 1..max_batch_size, the same for all inputs; ``-1`` in ``dims`` matc
 ``TYPE_STRING`` is ``BYTES`` on the wire; inputs marked ``optional`` may be left out.
 
 Shared by the gateway (every client request) and workers (BLS requests from Python models,
-which Triton validates the same way); :mod:`gateway.validation` re-exports it.
+which Triton validates the same way).
 """
 
 from __future__ import annotations

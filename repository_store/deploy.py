@@ -1,6 +1,6 @@
 """``naiad deploy``: validate a model folder, plan what to upload, upload it.
 
-Transport-free: the command line (``naiad/cli.py``) draws the progress bar and prints;
+Transport-free: the command line (``naiad_cli/commands.py``) draws the progress bar and prints;
 the store (:class:`RepositoryStore`, local or S3) moves the bytes. Three steps, each usable
 alone:
 

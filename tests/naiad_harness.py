@@ -1,6 +1,6 @@
 """Start and stop a real ``naiad serve`` process for end-to-end tests.
 
-:func:`run_server` starts ``python -m naiad.cli serve`` on free loopback ports with its own
+:func:`run_server` starts ``python -m naiad_cli serve`` on free loopback ports with its own
 cache folder and log file, waits for ``/v2/health/ready`` to answer 200, and on the way out
 sends SIGINT, waits (SIGKILL after 15 s) and checks that no worker, redis-server or other
 child of that server is left running.
@@ -33,7 +33,7 @@ from naiad.redis_client import connect
 
 ROOT = Path(__file__).resolve().parents[1]
 READY_TIMEOUT_S = 30.0
-# naiad serve bounds its own shutdown (grace + naiad.cli.SHUTDOWN_MARGIN_S, then the workers'
+# naiad serve bounds its own shutdown (grace + naiad_cli.SHUTDOWN_MARGIN_S, then the workers'
 # stop); servers here get a short grace, so this is generous for a loaded 2-core machine.
 STOP_TIMEOUT_S = 30.0
 SHUTDOWN_GRACE_S = 3
@@ -176,7 +176,7 @@ def start_server(
     cache_dir, log_path = workdir / "cache", workdir / "serve.log"
     http_port, metrics_port, grpc_port = free_port(), free_port(), free_port()
     args = [
-        sys.executable, "-m", "naiad.cli", command,
+        sys.executable, "-m", "naiad_cli", command,
         "--model-repository", str(repository),
         "--http-port", str(http_port),
         "--metrics-port", str(metrics_port),

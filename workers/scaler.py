@@ -83,7 +83,7 @@ class LocalScaler:
         """A worker's command line; never the Redis URL (it may hold a password): the
         worker reads it from an inherited pipe (:func:`naiad.procs.spawn_python`)."""
         return [
-            sys.executable, "-m", "naiad.cli", "worker",
+            sys.executable, "-m", "naiad_cli", "worker",
             "--model", model,
             "--model-repository", self.settings.model_repository,
             "--idle-timeout", str(self.settings.idle_timeout_s),

@@ -64,7 +64,7 @@ def pool_command(settings: Settings, log_flags: Sequence[str]) -> list[str]:
     """The command line of one pool process (what it prepares: its repository; its Redis
     URL comes through an inherited pipe, see :func:`naiad.procs.spawn_python`)."""
     return [
-        sys.executable, "-m", "naiad.cli", "worker", "--pool",
+        sys.executable, "-m", "naiad_cli", "worker", "--pool",
         "--model-repository", settings.model_repository,
         "--cache-dir", str(settings.cache_dir),
         "--log-level", settings.log_level,

@@ -165,7 +165,7 @@ def start_naiad(
     args = [
         sys.executable,
         "-m",
-        "naiad.cli",
+        "naiad_cli",
         "serve",
         "--model-repository",
         str(repository),

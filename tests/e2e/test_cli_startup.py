@@ -19,7 +19,7 @@ def test_serve_exits_when_http_port_is_taken(example_repository, tmp_path):
         args = [
             sys.executable,
             "-m",
-            "naiad.cli",
+            "naiad_cli",
             "serve",
             "--model-repository",
             str(example_repository),

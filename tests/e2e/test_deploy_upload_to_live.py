@@ -19,7 +19,7 @@ LIVE_WAIT_S = 20
 
 
 def _deploy(model_dir: Path, uri: str, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "naiad.cli", "deploy", str(model_dir),
+    return subprocess.run([sys.executable, "-m", "naiad_cli", "deploy", str(model_dir),
                            "--model-repository", uri, *extra],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
 

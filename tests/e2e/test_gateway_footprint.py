@@ -61,7 +61,7 @@ def test_gateway_and_scaler_import_no_framework_and_the_gateway_stays_small(
 ):
     gateway = start_server(example_repository, tmp_path / "gw", command="gateway", redis_url=redis_url)
     scaler = procs.spawn_python([
-        sys.executable, "-m", "naiad.cli", "scaler", "--model-repository", str(example_repository),
+        sys.executable, "-m", "naiad_cli", "scaler", "--model-repository", str(example_repository),
         "--redis-url", redis_url, "--cache-dir", str(gateway.cache_dir), "--warm-pool-size", "0",
     ], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:

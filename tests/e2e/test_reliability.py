@@ -98,7 +98,7 @@ def test_a_frozen_workers_duplicate_never_reaches_the_client(
         wait_for(lambda: pending_for(r) == 1, 10, "the frozen worker's claim")
         with b_log.open("wb") as log:
             b = subprocess.Popen(
-                [sys.executable, "-m", "naiad.cli", "worker", "--model", "digits", "--redis-url", redis_url,
+                [sys.executable, "-m", "naiad_cli", "worker", "--model", "digits", "--redis-url", redis_url,
                  "--model-repository", str(example_repository), "--idle-timeout", "30",
                  "--cache-dir", str(tmp_path / "b-cache")],
                 cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,

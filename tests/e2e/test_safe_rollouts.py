@@ -22,7 +22,7 @@ import tritonclient.http as httpclient
 from naiad_harness import POLL_EVERY_SECOND, run_scenario, s3_repository, wait_for
 from prom_text import parse
 
-from naiad.status import status_snapshot
+from gateway.status import status_snapshot
 
 ENV = {"NAIAD_WARM_POOL_SIZE": "0"}
 

@@ -20,7 +20,7 @@ from prom_text import parse
 from rich.console import Console
 from tritonclient.utils import InferenceServerException
 
-from naiad.status import render_table, status_snapshot
+from gateway.status import render_table, status_snapshot
 
 ENV = {"NAIAD_WARM_POOL_SIZE": "0"}
 CONFIG = """

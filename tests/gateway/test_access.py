@@ -14,8 +14,8 @@ from gateway.access import (
     grpc_headers,
 )
 from gateway.http import _routes
-from naiad.cli import _settings, build_parser, main
 from naiad.errors import GRPC_CODES, Unauthenticated
+from naiad_cli.commands import _settings, build_parser, main
 
 KEY = "Bearer k3y-Of-32-characters-long-000"
 

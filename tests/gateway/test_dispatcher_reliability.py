@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from naiad_harness import run_dispatcher_scenario
 
-from gateway.dispatcher import QueueDispatcher
 from naiad import keys
 from naiad.codec import Reply, decode_request, encode_reply
 from naiad.errors import DeadlineExceeded, Overloaded
 from naiad.inference import InferRequest, Tensor
+from naiad.queue_client import QueueDispatcher
 from naiad.queue_policy import Placement
 
 MODEL = "m"

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from gateway.ensemble import EnsembleScheduler, batch_shape
-from gateway.validation import validate_request
 from naiad.errors import DeadlineExceeded, InferenceFailed, InvalidInput, ModelNotReady
 from naiad.inference import InferRequest, InferResponse, RequestedOutput, Tensor
+from naiad.validation import validate_request
 from repository_store import READY, ModelEntry, parse_config, validate_config
 
 VECTOR = "data_type: TYPE_FP32 dims: [ 4 ]"

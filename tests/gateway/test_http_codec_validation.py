@@ -1,4 +1,4 @@
-"""gateway.http_codec (v2 JSON and binary bodies) and gateway.validation, without servers."""
+"""gateway.http_codec (v2 JSON and binary bodies) and naiad.validation, without servers."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from gateway.http_codec import HEADER_LENGTH, parse_infer_request, parse_raw_request, render_infer_response
-from gateway.validation import client_shape, validate_request, wire_datatype
 from naiad.errors import InvalidInput
 from naiad.inference import InferRequest, InferResponse, RequestedOutput, Tensor
+from naiad.validation import client_shape, validate_request, wire_datatype
 
 
 def binary(header: dict, *chunks: bytes) -> tuple[bytes, int]:

@@ -82,7 +82,7 @@ def test_header_floods_answer_json_and_log_one_line(server):
 
 
 def test_serve_with_a_missing_repository_exits(tmp_path):
-    args = [sys.executable, "-m", "naiad.cli", "serve", "--model-repository", str(tmp_path / "none"),
+    args = [sys.executable, "-m", "naiad_cli", "serve", "--model-repository", str(tmp_path / "none"),
             "--http-port", str(free_port()), "--grpc-port", str(free_port()),
             "--metrics-port", str(free_port()), "--cache-dir", str(tmp_path / "cache")]  # fmt: skip
     # It used to hang ~45 s (the scaler's BLPOP swallowed its cancellation), then be killed.

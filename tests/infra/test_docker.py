@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from naiad.cli import build_parser
+from naiad_cli.commands import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 FRAMEWORKS = ("onnxruntime", "torch", "tensorflow")

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from infra.render import resource_name
 from naiad import keys
-from naiad.cli import build_parser, main
-from naiad.k8s import resource_name
+from naiad_cli.commands import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "infra" / "k8s"

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from naiad.cli import COMMON_FLAGS, GATEWAY_FLAGS, POOL_FLAGS, SCALER_FLAGS, _settings, build_parser
+from naiad_cli.commands import COMMON_FLAGS, GATEWAY_FLAGS, POOL_FLAGS, SCALER_FLAGS, _settings, build_parser
 
 
 @pytest.fixture(autouse=True)

@@ -11,8 +11,8 @@ import logging
 import pytest
 
 from naiad import logs
-from naiad.cli import _settings, build_parser
 from naiad.settings import Settings
+from naiad_cli.commands import _settings, build_parser
 from workers.scaler import LocalScaler
 
 LOG = logging.getLogger("naiad.test_logs")

@@ -1,4 +1,4 @@
-"""naiad/status.py: each model's state from Redis, and ``naiad status --once`` against a real
+"""gateway/status.py: each model's state from Redis, and ``naiad status --once`` against a real
 server after real traffic."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import numpy as np
 import tritonclient.http as httpclient
 from naiad_harness import ROOT, wait_for
 
+from gateway.status import status_snapshot
 from naiad import keys, stats, telemetry
 from naiad.redis_client import connect
-from naiad.status import status_snapshot
 from repository_store import READY, UNAVAILABLE, ModelEntry, parse_config
 
 CONFIG = 'name: "{name}"\nbackend: "onnxruntime"\nmax_batch_size: 8\n' \
@@ -90,7 +90,7 @@ def test_empty_registry(redis_url):
 
 def _status_once(redis_url: str) -> str:
     result = subprocess.run(
-        [sys.executable, "-m", "naiad.cli", "status", "--redis-url", redis_url, "--once"],
+        [sys.executable, "-m", "naiad_cli", "status", "--redis-url", redis_url, "--once"],
         cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
     )
     return result.stdout

@@ -48,7 +48,7 @@ def test_queue_header_without_them_is_unchanged():
 
 def test_tracing_off_imports_no_opentelemetry():
     code = (
-        "import sys, naiad.cli, gateway.server, workers.worker\n"
+        "import sys, naiad_cli, gateway.server, workers.worker\n"
         "from naiad import tracing\nfrom naiad.settings import Settings\n"
         "assert tracing.setup(Settings(), 'naiad-test') is False\n"
         "with tracing.span('x') as s: assert s is None\n"
@@ -111,7 +111,7 @@ def test_spans_from_gateway_through_queue_to_worker(tmp_path, redis_url, example
 
     def start_worker() -> None:
         command = [
-            sys.executable, "-m", "naiad.cli", "worker", "--model", "digits", "--trace",
+            sys.executable, "-m", "naiad_cli", "worker", "--model", "digits", "--trace",
             "--model-repository", str(example_repository), "--redis-url", redis_url,
             "--cache-dir", str(tmp_path / "cache"), "--idle-timeout", "60",
         ]  # fmt: skip
@@ -168,7 +168,7 @@ def test_naiad_serve_trace_passes_tracing_to_its_workers(naiad_server):
 @pytest.mark.parametrize("exporter", ["zipkin"])
 def test_unknown_exporter_is_a_usage_error(exporter, tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "naiad.cli", "worker", "--model", "m", "--redis-url", "redis://127.0.0.1:1",
+        [sys.executable, "-m", "naiad_cli", "worker", "--model", "m", "--redis-url", "redis://127.0.0.1:1",
          "--trace"],
         cwd=ROOT, env={**os.environ, "OTEL_TRACES_EXPORTER": exporter}, capture_output=True, text=True,
         timeout=60,

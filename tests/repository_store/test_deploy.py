@@ -10,8 +10,8 @@ import boto3
 import pytest
 from rs_helpers import ENSEMBLE_CONFIG, write_tree
 
-from naiad.cli import main
 from naiad.errors import ConfigError
+from naiad_cli.commands import main
 from repository_store import LocalStore, S3Store, index_model, resolve_ensembles
 from repository_store.deploy import ModelFolderStore, plan_upload, s3_etag, upload, validate_model_dir
 from workers.load_check import load_check

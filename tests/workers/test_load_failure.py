@@ -89,7 +89,7 @@ def test_the_mark_replaces_only_the_entry_tried(redis_url: str, repository: Path
 
 def worker(redis_url: str, repository: str, cache: Path, **env: str) -> subprocess.CompletedProcess:
     """One ``naiad worker --model digits`` run to its end (a failed load exits 2)."""
-    command = [sys.executable, "-m", "naiad.cli", "worker", "--model", "digits", "--model-repository",
+    command = [sys.executable, "-m", "naiad_cli", "worker", "--model", "digits", "--model-repository",
                repository, "--redis-url", redis_url, "--cache-dir", str(cache)]  # fmt: skip
     return subprocess.run(command, cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True,
                           timeout=60, check=False)  # fmt: skip

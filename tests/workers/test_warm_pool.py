@@ -18,7 +18,7 @@ import tritonclient.http as httpclient
 from naiad_harness import ROOT, wait_for
 from prom_text import parse
 
-from naiad.cli import build_parser, parse_worker_command
+from naiad_cli.commands import build_parser, parse_worker_command
 
 
 def infer(server, x: np.ndarray) -> np.ndarray:
@@ -110,7 +110,7 @@ def test_the_pool_shrinks_to_zero_after_its_idle_timeout_and_refills_on_a_cold_s
 
 
 def test_a_pool_process_exits_when_its_stdin_closes(redis_url, example_repository, tmp_path):
-    command = [sys.executable, "-m", "naiad.cli", "worker", "--pool", "--redis-url", redis_url,
+    command = [sys.executable, "-m", "naiad_cli", "worker", "--pool", "--redis-url", redis_url,
                "--model-repository", str(example_repository), "--cache-dir", str(tmp_path)]  # fmt: skip
     process = subprocess.Popen(command, cwd=ROOT, stdin=subprocess.PIPE, stderr=subprocess.PIPE)
     _, stderr = process.communicate(b"", timeout=60)

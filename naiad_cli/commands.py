@@ -366,8 +366,8 @@ def _upload_with_progress(plan, store, upload) -> None:
 
 def cmd_k8s_render(args: argparse.Namespace, settings: Settings) -> int:
     """``naiad k8s render``: one manifest file per model of the repository."""
+    from infra.render import RenderOptions, render_repository  # noqa: PLC0415
     from naiad.errors import RepositoryError  # noqa: PLC0415
-    from naiad.k8s import RenderOptions, render_repository  # noqa: PLC0415
 
     options = RenderOptions(settings.model_repository, args.image_worker, args.namespace, args.redis_address)
     try:
@@ -401,7 +401,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:  # a malformed --cache-config, --http-restricted-api ...
         parser.error(str(exc))
     if args.command == "status":
-        from naiad.status import run_status  # noqa: PLC0415
+        from gateway.status import run_status  # noqa: PLC0415
 
         return run_status(args.redis_url, once=args.once, interval_s=args.interval)
     try:
