@@ -23,7 +23,7 @@ from redis.exceptions import RedisError
 
 from gateway.classification import classify
 from gateway.ensemble import EnsembleScheduler
-from gateway.registry import UNLOADED, ModelRegistry
+from gateway.registry import ModelRegistry
 from gateway.response_cache import CacheTrace, ResponseCache
 from gateway.rollouts import Rollouts
 from gateway.shared_memory import SystemSharedMemory
@@ -42,11 +42,11 @@ from naiad.ids import fresh_id
 from naiad.inference import InferRequest, InferResponse
 from naiad.queue_client import QueueDispatcher
 from naiad.queue_policy import Placement
+from naiad.registry import UNLOADED, ModelEntry, parse_version, select_version
 from naiad.stats_writer import StatsWriter
 from naiad.validation import client_shape, validate_request, wire_datatype
 from repository_store import (
     ModelConfig,
-    ModelEntry,
     backend_of,
     completed_config,
     config_to_triton_json,
@@ -202,20 +202,7 @@ class DataPlane:
         version), :class:`ModelNotReady` (broken config or files).
         """
         entry = await self.registry.get(name)
-        if not entry.ready and entry.reason == UNLOADED:
-            raise ModelNotFound(f"Request for unknown model: '{name}' is not found ({UNLOADED})")
-        if entry.state != "READY" or entry.config is None:
-            raise ModelNotReady(f"model '{name}' is not ready: {entry.reason}")
-        if not version:
-            return entry, max(entry.versions)
-        if not (version.isascii() and version.isdigit() and len(version) <= 18):
-            raise InvalidInput(f"model version must be a positive integer, got '{version}'")
-        failed = entry.failed.get(int(version))
-        if failed is not None:
-            raise ModelNotReady(f"model '{name}' version {version} is not ready: {failed}")
-        if int(version) not in entry.versions:
-            raise ModelNotFound(f"model '{name}' has no version {version}")
-        return entry, int(version)
+        return entry, select_version(entry, parse_version(version))
 
     async def route(
         self, name: str, version: str = "", route_key: str | None = None

@@ -43,7 +43,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from naiad import stats, tracing
 from naiad.errors import DeadlineExceeded, InferenceFailed, NaiadError
 from naiad.inference import InferRequest, InferResponse, RequestedOutput, Tensor
-from repository_store import ModelEntry
+from naiad.registry import ModelEntry
 from repository_store.ensemble import LATEST, EnsembleGraph, EnsembleStep, dims_agree
 
 logger = logging.getLogger(__name__)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from naiad.errors import RepositoryError
-from repository_store import ModelEntry
+from naiad.registry import ModelEntry
 
 logger = logging.getLogger(__name__)
 

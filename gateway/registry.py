@@ -46,10 +46,9 @@ from redis.exceptions import RedisError
 
 from naiad import keys, rollout, telemetry
 from naiad.errors import ModelNotFound, RepositoryError
+from naiad.registry import UNAVAILABLE, UNLOADED, ModelEntry, RegistryReader, publish
 from repository_store import (
-    UNAVAILABLE,
     ModelConfig,
-    ModelEntry,
     RepositoryStore,
     index_model,
     index_models,
@@ -61,11 +60,8 @@ from repository_store.ensemble import composing_models, is_ensemble
 
 logger = logging.getLogger(__name__)
 
-GENERATION = keys.REGISTRY_GENERATION
 #: Longest time a gateway serves from its copy without checking the generation.
 SYNC_INTERVAL_S = 1.0
-#: ``reason`` of a model that explicit mode has not loaded, or that was unloaded.
-UNLOADED = "unloaded"
 #: ``--load-model`` value that loads every model.
 ALL_MODELS = "*"
 
@@ -80,6 +76,7 @@ class ModelRegistry:
         load_check: Callable[[ModelEntry], Awaitable[str | None]] | None = None,
     ):  # fmt: skip
         self.redis = redis
+        self.reader = RegistryReader(redis)
         self.store = store
         self.load_check = load_check
         self._entries: dict[str, ModelEntry] = {}
@@ -108,17 +105,10 @@ class ModelRegistry:
         gateway starting during a bad upload takes nothing down). Raises RepositoryError if
         unreachable."""
         fresh = await asyncio.to_thread(index_repository, self.store)
-        try:
-            current = await self._read_all()
-        except ValueError as exc:  # a malformed entry: index from scratch, as with none
-            logger.warning("registry in Redis unreadable (%s): indexing from scratch", exc)
-            current = {}
+        current = await self._read_all()  # a malformed entry: skipped, so indexed afresh
         entries, failures = await self._settle(fresh, current, serving_only=True)
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.delete(keys.REGISTRY)
-            if entries:
-                pipe.hset(keys.REGISTRY, mapping={n: e.to_bytes() for n, e in entries.items()})
-            pipe.incr(GENERATION)
+            publish(pipe, entries, replace_all=True)
             *_, generation = await pipe.execute()
         await self._count_failures(failures)
         self._entries, self._generation = resolve_ensembles(entries), generation
@@ -138,13 +128,9 @@ class ModelRegistry:
         loaded = {name: await asyncio.to_thread(index_model, self.store, name) for name in sorted(wanted)}
         loaded = await self._with_composing(loaded)
         loaded, failures = await self._settle(loaded, await self._read(sorted(loaded)), serving_only=True)
+        placeholders = {name: ModelEntry(name, None, reason=UNLOADED) for name in names if name not in loaded}
         async with self.redis.pipeline(transaction=True) as pipe:
-            for name in names:
-                if name not in loaded:
-                    pipe.hsetnx(keys.REGISTRY, name, ModelEntry(name, None, reason=UNLOADED).to_bytes())
-            if loaded:
-                pipe.hset(keys.REGISTRY, mapping={n: e.to_bytes() for n, e in loaded.items()})
-            pipe.incr(GENERATION)
+            publish(pipe, loaded, unless_present=placeholders)
             await pipe.execute()
         await self._count_failures(failures)
         await self.sync()
@@ -158,7 +144,7 @@ class ModelRegistry:
         something was written. Raises RepositoryError if the repository is unreachable (the
         next poll retries)."""
         prints = await asyncio.to_thread(self.store.fingerprints)
-        known = {name.decode() for name in await self.redis.hkeys(keys.REGISTRY)}
+        known = await self.reader.names()
         stale = sorted(n for n, p in prints.items() if self._fingerprints.get(n) != p or n not in known)
         self.last_poll_indexed = stale
         fresh = await asyncio.to_thread(index_models, self.store, stale) if stale else {}
@@ -214,11 +200,7 @@ class ModelRegistry:
         """Write ``changed`` entries, delete ``removed`` ones and bump the generation in one
         transaction, counting one load failure for each model of ``failures``."""
         async with self.redis.pipeline(transaction=True) as pipe:
-            if changed:
-                pipe.hset(keys.REGISTRY, mapping={n: e.to_bytes() for n, e in changed.items()})
-            if removed:
-                pipe.hdel(keys.REGISTRY, *removed)
-            pipe.incr(GENERATION)
+            publish(pipe, changed, removed)
             await pipe.execute()
         await self._count_failures(failures or {})
 
@@ -287,25 +269,21 @@ class ModelRegistry:
 
     async def _read(self, names: list[str]) -> dict[str, ModelEntry]:
         """The Redis entries of ``names`` that exist."""
-        if not names:
-            return {}
-        raw = await self.redis.hmget(keys.REGISTRY, names)
-        return {n: ModelEntry.from_bytes(v) for n, v in zip(names, raw, strict=True) if v is not None}
+        return await self.reader.read_many(names)
 
     async def _read_all(self) -> dict[str, ModelEntry]:
-        raw = await self.redis.hgetall(keys.REGISTRY)
-        return {name.decode(): ModelEntry.from_bytes(value) for name, value in raw.items()}
+        return await self.reader.read_all()
 
     async def sync(self) -> None:
         """Reload the local copy from Redis if the registry changed since (any gateway).
         A generation gone after this gateway indexed means Redis lost its data (restarted
         without persistence): the repository is indexed again, as at start."""
         self._synced_at = time.monotonic()
-        raw = await self.redis.get(GENERATION)
-        if raw is None and self._generation:
+        found = await self.reader.generation()
+        if found is None and self._generation:
             await self._rebuild()
             return
-        generation = int(raw or 0)
+        generation = found or 0
         if generation == self._generation:
             return
         self._entries = resolve_ensembles(await self._read_all())
@@ -329,7 +307,7 @@ class ModelRegistry:
         """Index again after Redis lost the registry; concurrent callers wait for one
         rebuild (other gateways may rebuild too: each writes the same entries)."""
         async with self._rebuilding:
-            if await self.redis.get(GENERATION) is not None:
+            if await self.reader.generation() is not None:
                 self._generation = None  # rebuilt meanwhile: reload on the next sync
                 self._synced_at = float("-inf")
                 return

@@ -30,8 +30,8 @@ from redis.exceptions import RedisError
 from gateway.registry import ModelRegistry
 from naiad import keys, rollout
 from naiad.errors import ModelNotReady, NaiadError, Overloaded, QueueTimeout
+from naiad.registry import ModelEntry
 from naiad.rollout import RolloutPolicy
-from repository_store import ModelEntry
 
 logger = logging.getLogger(__name__)
 

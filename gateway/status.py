@@ -36,7 +36,8 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
 from naiad import keys, queue_policy, rollout, telemetry
-from repository_store import ModelEntry, resolve_ensembles
+from naiad.registry import ModelEntry, RegistryReader
+from repository_store import resolve_ensembles
 
 STATES = ("asleep", "waking", "busy", "idle", "unavailable")
 #: Seconds after its last inference that a model with workers still counts as busy.
@@ -151,8 +152,7 @@ async def _rollbacks(redis: Redis, entries: list[ModelEntry]) -> dict[str, dict[
 async def status_snapshot(redis: Redis) -> dict[str, Any]:
     """``{"time": unix s, "models": [row, ...], "counts": {state: n}}``, models by name;
     see :func:`_model_row` for a row's keys (``None`` where a ratio or mean has no data)."""
-    raw = await redis.hgetall(keys.REGISTRY)
-    own = {e.name: e for e in (ModelEntry.from_bytes(value) for value in raw.values())}
+    own = await RegistryReader(redis).read_all()
     entries = sorted(resolve_ensembles(own).values(), key=lambda e: e.name)  # as the gateways see them
     levels = {e.name: queue_policy.priority_levels(e.config) for e in entries if e.config is not None}
     tele = await telemetry.snapshot(redis, [(e.name, sorted(e.versions)) for e in entries], levels)

@@ -14,9 +14,6 @@ from repository_store.config import (
     validate_config,
 )
 from repository_store.index import (
-    READY,
-    UNAVAILABLE,
-    ModelEntry,
     index_model,
     index_models,
     index_repository,
@@ -36,13 +33,10 @@ from repository_store.uri import RepositoryURI, parse_repository_uri
 
 __all__ = [
     "CONFIG_FILENAME",
-    "READY",
-    "UNAVAILABLE",
     "FileInfo",
     "LocalStore",
     "ModelCache",
     "ModelConfig",
-    "ModelEntry",
     "PullStats",
     "RepositoryStore",
     "RepositoryURI",

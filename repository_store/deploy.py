@@ -34,9 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from naiad.errors import ConfigError, ModelNotFound, NaiadError
+from naiad.registry import ModelEntry
 from repository_store.config import ModelConfig, backend_of, default_model_filename
 from repository_store.ensemble import composing_models, is_ensemble
-from repository_store.index import ModelEntry, index_model, missing_model_files, resolve_ensembles
+from repository_store.index import index_model, missing_model_files, resolve_ensembles
 from repository_store.store import (
     CONFIG_FILENAME,
     FileInfo,

@@ -212,7 +212,7 @@ def composing_models(config: mc.ModelConfig) -> list[str]:
 
 class Entry(Protocol):
     """What :func:`dependency_reason` reads of a registry entry
-    (:class:`repository_store.ModelEntry`)."""
+    (:class:`naiad.registry.ModelEntry`)."""
 
     config: mc.ModelConfig | None
     versions: list[int]

@@ -9,11 +9,10 @@ model UNAVAILABLE with a reason; it never affects the other models.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
-
-import msgpack
+from dataclasses import replace
 
 from naiad.errors import ConfigError, ModelNotFound
+from naiad.registry import READY, UNAVAILABLE, ModelEntry
 from repository_store.autocomplete import autocomplete, needs_autocomplete
 from repository_store.config import (
     ModelConfig,
@@ -32,83 +31,8 @@ from repository_store.warmup import file_problem, uses_files
 #: bigger one makes its model UNAVAILABLE instead of stalling every gateway's index.
 MAX_CONFIG_BYTES = 1024 * 1024
 
-READY = "READY"
-UNAVAILABLE = "UNAVAILABLE"
 #: How the ``reason`` of a model whose last change failed, while it keeps serving, begins.
 RELOAD_FAILED = "reload failed"
-
-
-@dataclass
-class ModelEntry:
-    """One model of the repository. ``versions`` are those selected by the version policy
-    (ascending; those found so far when unavailable); ``reason`` explains UNAVAILABLE."""
-
-    name: str
-    config: ModelConfig | None
-    versions: list[int] = field(default_factory=list)
-    state: str = UNAVAILABLE
-    reason: str = ""
-    labels: dict[str, list[str]] = field(default_factory=dict)
-    """Class labels by output name, from each output's ``label_filename`` (one per line)."""
-    failed: dict[int, str] = field(default_factory=dict)
-    """Versions the policy selects that cannot serve (model file missing, load error), with
-    the reason; never in ``versions``. Triton keeps serving the versions that loaded."""
-
-    @property
-    def ready(self) -> bool:
-        return self.state == READY
-
-    @property
-    def problem(self) -> str:
-        """Why this entry is not everything it was asked to be: the model's ``reason`` (not
-        ready, or a change that failed while the previous one keeps serving), else its failed
-        versions' reasons; "" when every selected version serves."""
-        return self.reason or "; ".join(self.failed[v] for v in sorted(self.failed))
-
-    def load_failed(self, reason: str, version: int | None = None) -> ModelEntry:
-        """This entry with ``version`` failed with ``reason`` (a worker or a load check could
-        not load it: the backend's error, a failing ``model_warmup`` sample): the version
-        leaves ``versions`` for ``failed`` and the others keep serving (Triton keeps the
-        versions that loaded). With no version given, or none left, the model is UNAVAILABLE
-        with ``reason``; config and versions stay, so the index still names the version tried.
-        The next load, or changed files in poll mode, index the model afresh (Triton: a model
-        whose load failed stays UNAVAILABLE until loaded again, model_management.md)."""
-        if version is None or set(self.versions) <= {version}:
-            return replace(self, state=UNAVAILABLE, reason=reason)
-        versions = [v for v in self.versions if v != version]
-        return replace(self, versions=versions, failed={**self.failed, version: reason})
-
-    def to_bytes(self) -> bytes:
-        """msgpack encoding; the config travels as its protobuf wire bytes."""
-        return msgpack.packb(
-            {
-                "name": self.name,
-                "config": self.config.SerializeToString() if self.config is not None else None,
-                "versions": list(self.versions),
-                "state": self.state,
-                "reason": self.reason,
-                "labels": self.labels,
-                "failed": {str(v): why for v, why in self.failed.items()},
-            },
-            use_bin_type=True,
-        )
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> ModelEntry:
-        """Inverse of :meth:`to_bytes`. Raises ``ValueError`` on malformed data."""
-        try:
-            raw = msgpack.unpackb(data, raw=False)
-            config = None
-            if raw["config"] is not None:
-                config = ModelConfig()
-                config.ParseFromString(raw["config"])
-            return cls(
-                raw["name"], config, list(raw["versions"]), raw["state"], raw["reason"],
-                dict(raw.get("labels") or {}),
-                {int(v): str(why) for v, why in (raw.get("failed") or {}).items()},
-            )
-        except (KeyError, TypeError, msgpack.UnpackException, ValueError) as exc:
-            raise ValueError(f"malformed model entry: {exc}") from None
 
 
 def index_model(store: RepositoryStore, name: str, config: ModelConfig | None = None) -> ModelEntry:

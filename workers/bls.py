@@ -31,15 +31,15 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 import triton_python_backend_utils as pb_utils
-from naiad import keys, queue_policy, stats
+from naiad import queue_policy, stats
 from naiad.datatypes import datatype_of
-from naiad.errors import ModelNotFound, ModelNotReady, NaiadError, Unavailable, Unsupported
+from naiad.errors import ModelNotFound, NaiadError, Unavailable, Unsupported
 from naiad.inference import InferRequest, InferResponse, RequestedOutput, Tensor
 from naiad.queue_client import READER_BLOCK_S, QueueDispatcher
 from naiad.redis_client import connect
+from naiad.registry import ModelEntry, RegistryReader, select_version
 from naiad.settings import Settings
 from naiad.validation import validate_request
-from repository_store import ModelEntry
 from repository_store.ensemble import is_ensemble
 from workers.backends.python import triton_error
 
@@ -54,6 +54,7 @@ class BlsClient:
         self.settings = settings
         self.redis = redis
         self.redis_url = redis_url
+        self.registry = RegistryReader(redis)
         self.client_id = f"bls-{worker_id}"
         self.loop = asyncio.get_running_loop()
         self._dispatcher: QueueDispatcher | None = None
@@ -104,19 +105,13 @@ class BlsClient:
         return response
 
     async def _resolve(self, model: str, version: int) -> tuple[ModelEntry, int]:
-        """The target's registry entry and version (-1: the newest it serves). Raises
-        :class:`ModelNotFound` (Triton's message) or :class:`ModelNotReady`."""
-        raw = await self.redis.hget(keys.REGISTRY, model) if model else None
-        if raw is None:
+        """The target's registry entry and version (-1: the newest it serves), by the rules a
+        client's request meets at the gateway (:func:`naiad.registry.select_version`).
+        Raises :class:`ModelNotFound` (Triton's message) or :class:`ModelNotReady`."""
+        entry = await self.registry.get(model) if model else None
+        if entry is None:
             raise ModelNotFound(f"Request for unknown model: '{model}' is not found")
-        entry = ModelEntry.from_bytes(raw)
-        if not entry.ready or entry.config is None:
-            raise ModelNotReady(f"model '{model}' is not ready: {entry.reason}")
-        if version == -1:
-            return entry, max(entry.versions)
-        if version not in entry.versions:
-            raise ModelNotFound(f"Request for unknown model: '{model}' version {version} is not found")
-        return entry, version
+        return entry, select_version(entry, None if version == -1 else version)
 
     async def _started(self) -> QueueDispatcher:
         """The dispatcher, its reply reader started on first use."""

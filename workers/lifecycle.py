@@ -29,8 +29,8 @@ from redis.exceptions import RedisError
 from naiad import keys
 from naiad.codec import QueuedRequest
 from naiad.errors import NaiadError
+from naiad.registry import ModelEntry, RegistryReader
 from naiad.settings import Settings
-from repository_store import ModelEntry
 from workers import load_failure, scaling
 from workers.loader import VersionLoader
 from workers.queue_reader import QueueReader
@@ -54,7 +54,8 @@ class Lifecycle:
         self.queue, self.loader, self.stopping = queue, loader, stopping
         self.superseded = False  # the registry no longer serves what this worker loaded
         self._retire_by: float | None = None  # versions changed: serve the old queue until then
-        self._generation: bytes | None = None
+        self.registry = RegistryReader(redis)
+        self._generation: int | None = None
         self.registered_raw: bytes | None = None  # the registry entry as last read
 
     async def heartbeat(self) -> None:
@@ -72,9 +73,9 @@ class Lifecycle:
 
     async def registered(self) -> ModelEntry | None:
         """The model's registry entry (None if it has none), noting the generation first."""
-        self._generation = await self.redis.get(keys.REGISTRY_GENERATION)
-        raw = self.registered_raw = await self.redis.hget(keys.REGISTRY, self.model)
-        return ModelEntry.from_bytes(raw) if raw else None
+        self._generation = await self.registry.generation()
+        entry, self.registered_raw = await self.registry.read(self.model)
+        return entry
 
     async def mark_unavailable(self, tried: bytes, error: NaiadError, version: int) -> None:
         """The load of ``version`` of registry entry ``tried`` failed in the model: mark that
@@ -96,7 +97,7 @@ class Lifecycle:
         config changed. When only its versions changed it is False but the worker retires
         (module docstring, :meth:`retired`)."""
         loaded = self.loader.entry
-        generation = await self.redis.get(keys.REGISTRY_GENERATION)
+        generation = await self.registry.generation()
         if loaded is None or generation is None or generation == self._generation:
             return False  # None: a restarted, empty Redis; a gateway re-indexes, keep serving
         current = await self.registered()

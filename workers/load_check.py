@@ -28,8 +28,9 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.datatypes import config_to_datatype, numpy_dtype
 from naiad.errors import NaiadError
+from naiad.registry import ModelEntry
 from naiad.settings import Settings
-from repository_store import ModelEntry, backend_of
+from repository_store import backend_of
 from workers.backends import framework_missing, load_backend
 from workers.load_failure import is_model_fault
 from workers.loader import VersionLoader

@@ -10,8 +10,8 @@ generation (:func:`mark_unavailable`), so every gateway refuses the model with t
 its next sync (``ready`` false) and the scaler gives it no minimum of workers: no crash loop.
 
 The write is a compare-and-set against the exact entry bytes the worker loaded from, in one
-Lua script: a load or re-index that replaced the entry meanwhile (a fixed file, a new config)
-is never overwritten by an older failure.
+Lua script (:func:`naiad.registry.compare_and_set`): a load or re-index that replaced the
+entry meanwhile (a fixed file, a new config) is never overwritten by an older failure.
 """
 
 from __future__ import annotations
@@ -20,20 +20,11 @@ import logging
 
 from redis.asyncio import Redis
 
-from naiad import keys, telemetry
+from naiad import registry, telemetry
 from naiad.errors import InvalidInput, ModelNotReady, NaiadError, Unsupported
-from repository_store import ModelEntry
+from naiad.registry import ModelEntry
 
 logger = logging.getLogger(__name__)
-
-#: KEYS: the registry hash, its generation counter. ARGV: model, the entry tried (bytes), the
-#: UNAVAILABLE entry. Writes and bumps only while the hash still holds the entry tried.
-MARK_LUA = """
-if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
-redis.call('INCR', KEYS[2])
-return 1
-"""
 
 #: Load errors that lie in the model and repeat on every try until it changes: the backend
 #: rejects its files or config (ModelNotReady, also a Python model's ``initialize`` raising
@@ -55,9 +46,7 @@ async def mark_unavailable(redis: Redis, tried: bytes, reason: str, version: int
     one load failure; False, writing nothing, when the registry holds anything else for that
     model by now. Raises ``ValueError`` for malformed ``tried``, ``RedisError`` when Redis fails."""
     failed = ModelEntry.from_bytes(tried).load_failed(reason, version)
-    written = await redis.eval(
-        MARK_LUA, 2, keys.REGISTRY, keys.REGISTRY_GENERATION, failed.name, tried, failed.to_bytes()
-    )  # fmt: skip
+    written = await registry.compare_and_set(redis, tried, failed)
     if written:
         async with redis.pipeline(transaction=False) as pipe:
             telemetry.add_load_failure(pipe, failed.name)

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.errors import ModelNotFound, ModelNotReady, RepositoryError
+from naiad.registry import ModelEntry
 from naiad.settings import Settings
-from repository_store import ModelCache, ModelEntry, RepositoryStore, index_model, open_store
+from repository_store import ModelCache, RepositoryStore, index_model, open_store
 from repository_store.cache import PullStats
 from workers.backends import load_backend
 from workers.model import ModelRunner

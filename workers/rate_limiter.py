@@ -38,8 +38,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad import keys
 from naiad.errors import ConfigError
+from naiad.registry import RegistryReader
 from naiad.settings import Settings, parse_rate_limit_resource
-from repository_store import ModelEntry
 
 logger = logging.getLogger(__name__)
 
@@ -332,8 +332,8 @@ async def for_worker(
     group = instance_group(config, settings.device)
     if group is None or not group.rate_limiter.resources:
         return None
-    raw = await redis.hgetall(keys.REGISTRY)
-    configs = [e.config for e in map(ModelEntry.from_bytes, raw.values()) if e.config is not None]
+    entries = await RegistryReader(redis).read_all()
+    configs = [e.config for e in entries.values() if e.config is not None]
     wanted, priority = needs(config, settings.device, configs, settings.rate_limit_resource)
     if not wanted:
         return None

@@ -34,8 +34,9 @@ from redis.exceptions import RedisError
 from naiad import keys, procs, queue_policy, telemetry
 from naiad.host import GpuDevice, GpuReader
 from naiad.redis_client import connect
+from naiad.registry import RegistryReader, RegistryView
 from naiad.settings import Settings
-from repository_store import ModelConfig, ModelEntry, backend_of
+from repository_store import ModelConfig, backend_of
 from repository_store.ensemble import is_ensemble
 from workers import load_failure, placement, scaling
 from workers.start_failures import StartFailures, describe_exit, is_early_failure
@@ -65,7 +66,8 @@ class LocalScaler:
         self._ensembles: set[str] = set()  # run by the gateways: never given workers
         self._streams: dict[str, list[str]] = {}  # model -> its request streams (priority levels)
         self._backends: dict[str, str] = {}  # model -> its backend (the warm pool it claims from)
-        self._registry_generation: bytes | None = None
+        self.registry = RegistryReader(self.redis)
+        self.registry_view = RegistryView(self.registry)  # every entry, re-read when it moved
         self._changed_at: dict[str, float] = {}  # monotonic time of the last start/stop
         self._started_at: dict[int, float] = {}  # pid -> monotonic time it was started
         self._live_seen: dict[str, float] = {}  # model -> monotonic time a worker was live
@@ -162,12 +164,11 @@ class LocalScaler:
         (:mod:`workers.start_failures`), against the READY entry the registry holds now."""
         for model, reason in list(self._to_mark.items()):
             try:
-                raw = await self.redis.hget(keys.REGISTRY, model)
-                entry = ModelEntry.from_bytes(raw) if raw else None
+                entry, raw = await self.registry.read(model)
                 ready = entry is not None and entry.ready
                 if ready and await load_failure.mark_unavailable(self.redis, raw, reason):
                     logger.error("model '%s' marked UNAVAILABLE: %s", model, reason)
-                self._registry_generation = None  # re-read the policies: no minimum now
+                self.registry_view.invalidate()  # re-read the policies: no minimum now
             except (RedisError, ValueError) as exc:
                 logger.warning("model '%s' not marked UNAVAILABLE yet: %s", model, exc)
                 continue
@@ -250,18 +251,11 @@ class LocalScaler:
 
     async def _refresh_policies(self) -> None:
         """Re-read the registry (one HGETALL) when its generation moved since the last tick."""
-        generation = await self.redis.get(keys.REGISTRY_GENERATION)
-        if generation == self._registry_generation and self._policies:
+        if not await self.registry_view.refresh() and self._policies:
             return
-        raw = await self.redis.hgetall(keys.REGISTRY)
         gpus, slots = self.gpus(), {}
         policies, ensembles = {}, set()
-        for name, value in raw.items():
-            try:
-                entry = ModelEntry.from_bytes(value)
-            except ValueError as exc:
-                logger.warning("registry entry of '%s' skipped: %s", name.decode(), exc)
-                continue
+        for entry in self.registry_view.entries.values():
             if is_ensemble(entry.config):  # its steps run on their own models' workers
                 ensembles.add(entry.name)
                 continue
@@ -272,7 +266,7 @@ class LocalScaler:
             policy = scaling.policy_for(entry.config, self.settings, slots[entry.name].total)
             # a model that cannot be served gets workers only to answer its backlog
             policies[entry.name] = policy if entry.ready else replace(policy, min_workers=0)
-        self._policies, self._ensembles, self._registry_generation = policies, ensembles, generation
+        self._policies, self._ensembles = policies, ensembles
         self._slots = slots
 
     def gpus(self) -> list[GpuDevice]:

@@ -15,8 +15,9 @@ import pytest
 from gateway.ensemble import EnsembleScheduler, batch_shape
 from naiad.errors import DeadlineExceeded, InferenceFailed, InvalidInput, ModelNotReady
 from naiad.inference import InferRequest, InferResponse, RequestedOutput, Tensor
+from naiad.registry import READY, ModelEntry
 from naiad.validation import validate_request
-from repository_store import READY, ModelEntry, parse_config, validate_config
+from repository_store import parse_config, validate_config
 
 VECTOR = "data_type: TYPE_FP32 dims: [ 4 ]"
 

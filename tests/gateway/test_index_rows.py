@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from gateway.dataplane import index_rows
-from repository_store import READY, UNAVAILABLE, ModelEntry, parse_config
+from naiad.registry import READY, UNAVAILABLE, ModelEntry
+from repository_store import parse_config
 
 CONFIG = parse_config(b'platform: "onnxruntime_onnx" max_batch_size: 1', "m")
 

@@ -13,7 +13,8 @@ from naiad_harness import run_scenario as run
 from gateway.registry import ModelRegistry
 from naiad import keys
 from naiad.errors import ModelNotFound
-from repository_store import ModelEntry, open_store
+from naiad.registry import ModelEntry
+from repository_store import open_store
 
 
 @pytest.fixture

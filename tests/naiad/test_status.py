@@ -15,7 +15,8 @@ from naiad_harness import ROOT, wait_for
 from gateway.status import status_snapshot
 from naiad import keys, stats, telemetry
 from naiad.redis_client import connect
-from repository_store import READY, UNAVAILABLE, ModelEntry, parse_config
+from naiad.registry import READY, UNAVAILABLE, ModelEntry
+from repository_store import parse_config
 
 CONFIG = 'name: "{name}"\nbackend: "onnxruntime"\nmax_batch_size: 8\n' \
          'input [{{name: "x", data_type: TYPE_FP32, dims: [4]}}]\n' \

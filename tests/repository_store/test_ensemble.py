@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from naiad.errors import ConfigError
-from repository_store import READY, UNAVAILABLE, ModelEntry, parse_config, resolve_ensembles, validate_config
+from naiad.registry import READY, UNAVAILABLE, ModelEntry
+from repository_store import parse_config, resolve_ensembles, validate_config
 from repository_store.ensemble import EnsembleGraph, composing_models, dims_agree
 
 

@@ -13,9 +13,10 @@ import pytest
 from rs_helpers import onnx_config, write_tree
 
 from naiad.errors import ConfigError, RepositoryError
+from naiad.registry import READY, UNAVAILABLE
 from repository_store import LocalStore, S3Store
 from repository_store.cache import ModelCache
-from repository_store.index import MAX_CONFIG_BYTES, READY, UNAVAILABLE, index_repository
+from repository_store.index import MAX_CONFIG_BYTES, index_repository
 from repository_store.store import UnsafeModelFile
 
 GOOD = {"good/config.pbtxt": onnx_config("good"), "good/1/model.onnx": b"ok"}

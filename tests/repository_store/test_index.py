@@ -6,11 +6,9 @@ import pytest
 from rs_helpers import ALL_MODELS, GOOD_MODELS, onnx_config, write_tree
 
 from naiad.errors import ModelNotFound, RepositoryError
+from naiad.registry import READY, UNAVAILABLE, ModelEntry
 from repository_store import (
-    READY,
-    UNAVAILABLE,
     LocalStore,
-    ModelEntry,
     RepositoryStore,
     S3Store,
     index_model,

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from rs_helpers import onnx_config
 
-from repository_store import READY, UNAVAILABLE, ModelEntry, keep_last_good, parse_config
+from naiad.registry import READY, UNAVAILABLE, ModelEntry
+from repository_store import keep_last_good, parse_config
 
 CONFIG = parse_config(onnx_config("m").encode(), "m")
 OTHER = parse_config(onnx_config("m", "version_policy { all { } }").encode(), "m")

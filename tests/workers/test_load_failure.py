@@ -28,7 +28,8 @@ from naiad.errors import (
     Unavailable,
     Unsupported,
 )
-from repository_store import ModelEntry, open_store
+from naiad.registry import ModelEntry
+from repository_store import open_store
 from workers.load_failure import is_model_fault, mark_unavailable
 
 ROOT = Path(__file__).resolve().parents[2]

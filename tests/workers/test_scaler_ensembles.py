@@ -8,8 +8,9 @@ import asyncio
 import redis
 
 from naiad import keys
+from naiad.registry import ModelEntry
 from naiad.settings import Settings
-from repository_store import ModelEntry, parse_config
+from repository_store import parse_config
 from workers.scaler import LocalScaler
 
 ENSEMBLE = """

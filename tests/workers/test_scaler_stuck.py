@@ -9,8 +9,9 @@ import psutil
 import redis
 
 from naiad import keys
+from naiad.registry import ModelEntry
 from naiad.settings import Settings
-from repository_store import ModelEntry, parse_config
+from repository_store import parse_config
 from workers import scaler as scaler_module
 from workers.scaler import LocalScaler
 

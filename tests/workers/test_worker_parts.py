@@ -14,8 +14,9 @@ from naiad import keys
 from naiad.codec import QueuedRequest, decode_replies, encode_request
 from naiad.inference import InferRequest, RequestedOutput, Tensor
 from naiad.redis_client import connect
+from naiad.registry import ModelEntry
 from naiad.settings import Settings
-from repository_store import ModelEntry, index_repository, open_store
+from repository_store import index_repository, open_store
 from workers.execution import BatchExecutor
 from workers.lifecycle import Lifecycle
 from workers.loader import VersionLoader
