@@ -27,7 +27,7 @@ from gateway.registry import ModelRegistry
 from gateway.response_cache import CacheTrace, ResponseCache
 from gateway.rollouts import Rollouts
 from gateway.shared_memory import SystemSharedMemory
-from naiad import __version__, logs, queue_policy, stats, telemetry, tracing
+from naiad import __version__, logs, stats, telemetry, tracing
 from naiad.errors import (
     InvalidInput,
     ModelControlDisabled,
@@ -40,8 +40,8 @@ from naiad.errors import (
 )
 from naiad.ids import fresh_id
 from naiad.inference import InferRequest, InferResponse
+from naiad.model_client import ModelClient
 from naiad.queue_client import QueueDispatcher
-from naiad.queue_policy import Placement
 from naiad.registry import UNLOADED, ModelEntry, parse_version, select_version
 from naiad.stats_writer import StatsWriter
 from naiad.validation import client_shape, validate_request, wire_datatype
@@ -76,22 +76,6 @@ PLATFORMS = {
     "python": "python",
     "ensemble": "ensemble",
 }
-
-
-#: Triton's scheduling parameters: ``priority`` (uint64; 0 = the model's default) and
-#: ``timeout`` (µs, uint64; 0 = none).
-SCHEDULING_PARAMETERS = ("priority", "timeout")
-
-
-def check_scheduling_parameters(parameters: dict[str, Any]) -> None:
-    """Raise :class:`InvalidInput` unless ``priority`` and ``timeout``, where given, are
-    integers in 0..2**64-1 (JSON ``true`` and ``1.5`` are not)."""
-    for name in SCHEDULING_PARAMETERS:
-        value = parameters.get(name)
-        if value is None:
-            continue
-        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**64:
-            raise InvalidInput(f"parameter '{name}' must be a non-negative integer, got {value!r}")
 
 
 def index_rows(entry: ModelEntry, rolled_back: dict[int, str] | None = None) -> list[dict[str, str]]:
@@ -130,20 +114,20 @@ class DataPlane:
         max_inflight: int = 4096,
         shared_memory: SystemSharedMemory | None = None,
     ):
-        self.max_queue_size = max_queue_size  # per model, unless its config sets one
         self.max_inflight = max_inflight
         self._inflight = 0
         self.liveness: Callable[[], bool] | None = None  # gateway.liveness.RedisLiveness.live
         self.redis = redis
         self.cache = cache  # None: the server-side response cache is off
         self.registry = registry
-        self.dispatcher = dispatcher
         self.request_timeout_s = request_timeout_s
         self.model_control_mode = model_control_mode
-        self.ensembles = EnsembleScheduler(self.resolve, self._serve, redis)  # steps: _serve
+        self.stats_writer = StatsWriter(redis)
+        # max_queue_size: per model, unless its config sets one
+        self.client = ModelClient(dispatcher, self.stats_writer, request_timeout_s, max_queue_size)
+        self.ensembles = EnsembleScheduler(self.resolve, self._serve, self.stats_writer)  # steps: _serve
         self.rollouts = Rollouts(redis, registry)
         self._shadows: set[asyncio.Task] = set()
-        self.stats_writer = StatsWriter(redis)
         # Triton's system shared memory regions, registered with this gateway process.
         self.shared_memory = shared_memory or SystemSharedMemory(MAX_SHM_READ_BYTES)
 
@@ -159,12 +143,6 @@ class DataPlane:
             yield
         finally:
             self._inflight -= 1
-
-    def placement(self, entry: ModelEntry, request: InferRequest) -> Placement:
-        """Where ``request`` waits (:func:`naiad.queue_policy.place`): its priority level's
-        stream, bounded by the level's ``max_queue_size`` (Triton's queue policy) when set,
-        else by the server's ``--max-queue-size``; its queue timeout; ``preserve_ordering``."""
-        return queue_policy.place(entry.name, entry.config, request.parameters, self.max_queue_size)
 
     async def close(self) -> None:
         """After the endpoints closed: cancel the shadow copies still waiting (their answers
@@ -308,16 +286,6 @@ class DataPlane:
             raise InvalidInput("unload parameter 'unload_dependents' must be a boolean")
         await self.registry.unload(name)
 
-    def _timeout_s(self, request: InferRequest) -> float:
-        """The request's ``timeout`` (µs) in seconds; none or 0 (Triton: no timeout of its
-        own) means the server default. Raises :class:`InvalidInput` for a bad ``priority``
-        or ``timeout``; both travel to the worker in the request's parameters."""
-        check_scheduling_parameters(request.parameters)
-        timeout_us = request.parameters.get("timeout")
-        if not timeout_us:
-            return self.request_timeout_s
-        return timeout_us / 1e6
-
     async def infer(self, request: InferRequest) -> InferResponse:
         """:meth:`_infer` with the request's log context (request id: the client's ``id``, or
         a fresh one) and, when tracing is on, the ``naiad.infer`` span around it."""
@@ -363,8 +331,7 @@ class DataPlane:
     async def _run_shadow(self, entry: ModelEntry, copy: InferRequest) -> None:
         try:
             validate_request(entry.config, copy)
-            timeout_s = self._timeout_s(copy)
-            await self.dispatcher.infer(copy, timeout_s, placement=self.placement(entry, copy))
+            await self.client.queue(entry, copy, self.client.timeout_s(copy))
             ok = True
         except Exception as exc:  # noqa: BLE001 - a shadow's failure is only counted
             logger.debug("shadow copy to version %d failed: %s", copy.version, exc)
@@ -375,21 +342,25 @@ class DataPlane:
         self, entry: ModelEntry, request: InferRequest, timeout_s: float | None = None
     ) -> InferResponse:
         """Validate ``request`` against ``entry`` and answer it within ``timeout_s`` (None:
-        the request's own timeout), recording its outcome: a client's request, or one step
-        of an ensemble (:mod:`gateway.ensemble`), which counts as a request of its model."""
-        started_ns = time.perf_counter_ns()
-        validate_request(entry.config, request)
-        timeout_s = self._timeout_s(request) if timeout_s is None else timeout_s
+        the request's own timeout), recording its outcome (:class:`ModelClient`): a client's
+        request, or one step of an ensemble (:mod:`gateway.ensemble`), which counts as a
+        request of its model."""
         trace = CacheTrace()
+
+        async def answer(entry: ModelEntry, request: InferRequest, timeout_s: float) -> InferResponse:
+            return await self._answer(entry, request, timeout_s, trace)
+
+        def cache_counters(pipe: Pipeline) -> None:
+            if trace.used:
+                stats.add_cache(pipe, request.model, request.version, trace.hit, trace.ns)
+
         try:
-            response = await self._answer(entry, request, timeout_s, trace)
+            response = await self.client.infer(entry, request, timeout_s, answer, cache_counters)
         except (Exception, asyncio.CancelledError) as exc:  # cancelled: the client went away
             if isinstance(exc, ModelNotReady):  # its load failed in a worker, now in the registry
                 self.registry.expire()
-            self._record(request, False, started_ns, trace, stats.failure_reason(exc))
             self.rollouts.observe(entry, request.version, exc)
             raise
-        self._record(request, True, started_ns, trace)
         self.rollouts.observe(entry, request.version, None)
         return response
 
@@ -407,8 +378,7 @@ class DataPlane:
         if is_ensemble(entry.config):  # steps through their models' queues (gateway/ensemble.py)
             response = await self.ensembles.infer(entry, request, timeout_s)
         else:
-            placement = self.placement(entry, request)
-            response = await self.dispatcher.infer(request, timeout_s, placement=placement)
+            response = await self.client.queue(entry, request, timeout_s)
         counts = {output.name: output.class_count for output in request.outputs if output.class_count}
         if counts:
             batched = entry.config.max_batch_size > 0
@@ -418,26 +388,6 @@ class DataPlane:
                 for t in response.outputs
             ]
         return response
-
-    def _record(
-        self,
-        request: InferRequest,
-        ok: bool,
-        started_ns: int,
-        trace: CacheTrace | None = None,
-        reason: str = "OTHER",
-    ) -> None:
-        """Add one request's outcome (a failure with Triton's ``reason``) to its model's
-        statistics, written in the background with those of requests finishing meanwhile
-        (:class:`StatsWriter`; readers flush first); never fails or delays the request."""
-        duration_ns, now_ms = time.perf_counter_ns() - started_ns, int(time.time() * 1000)
-
-        def add(pipe: Pipeline) -> None:
-            stats.add_request(pipe, request.model, request.version, ok, duration_ns, now_ms, reason)
-            if trace is not None and trace.used:
-                stats.add_cache(pipe, request.model, request.version, trace.hit, trace.ns)
-
-        self.stats_writer.add(add)
 
     async def model_statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
         """Triton's statistics extension: ``{"model_stats": [...]}`` for ``version`` of

@@ -36,14 +36,13 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad import stats, tracing
 from naiad.errors import DeadlineExceeded, InferenceFailed, NaiadError
 from naiad.inference import InferRequest, InferResponse, RequestedOutput, Tensor
 from naiad.registry import ModelEntry
+from naiad.stats_writer import StatsWriter
 from repository_store.ensemble import LATEST, EnsembleGraph, EnsembleStep, dims_agree
 
 logger = logging.getLogger(__name__)
@@ -93,13 +92,13 @@ class _Value:
 
 class EnsembleScheduler:
     """Runs ensemble requests; ``resolve`` and ``serve`` are the data plane's (see
-    :data:`Resolve`, :data:`Serve`); ``redis`` receives the ensemble's execution counts
-    (None: not recorded)."""
+    :data:`Resolve`, :data:`Serve`); ``writer`` writes the ensemble's execution counts with
+    the gateway's other statistics (None: not recorded)."""
 
-    def __init__(self, resolve: Resolve, serve: Serve, redis: aioredis.Redis | None = None):
+    def __init__(self, resolve: Resolve, serve: Serve, writer: StatsWriter | None = None):
         self.resolve = resolve
         self.serve = serve
-        self.redis = redis
+        self.writer = writer
 
     async def infer(self, entry: ModelEntry, request: InferRequest, timeout_s: float) -> InferResponse:
         """Run the ensemble ``entry`` on ``request`` (already validated against the
@@ -116,19 +115,16 @@ class EnsembleScheduler:
         wanted = [o.name for o in request.outputs] or list(graph.outputs)
         await run.run(graph.needed_steps(wanted))
         response = InferResponse(request.model, request.version, run.outputs(wanted), request.id)
-        await self._record(request, max(1, run.batch))
+        self._record(request, max(1, run.batch))
         return response
 
-    async def _record(self, request: InferRequest, rows: int) -> None:
-        if self.redis is None:
+    def _record(self, request: InferRequest, rows: int) -> None:
+        """The ensemble's execution (its composing models count their own), in the
+        background as every request's statistics (:class:`StatsWriter`)."""
+        if self.writer is None:
             return
         execution = stats.Execution(request.version, rows, [0], {}, int(time.time() * 1000))
-        try:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                stats.add_execution(pipe, request.model, execution)
-                await pipe.execute()
-        except RedisError as exc:
-            logger.warning("statistics of ensemble '%s' not recorded: %s", request.model, exc)
+        self.writer.add(lambda pipe: stats.add_execution(pipe, request.model, execution))
 
 
 class _EnsembleRun:

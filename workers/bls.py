@@ -1,19 +1,18 @@
 """Business Logic Scripting: a worker's Python model calling another model.
 
-``pb_utils.InferenceRequest(...).exec()`` / ``async_exec()`` (python_backend README,
-"Business Logic Scripting") land in :meth:`BlsClient.submit`, called from the thread that
-runs the model's ``execute``. The request travels exactly as a client's does through a
-gateway: resolved against the registry (``model_version`` -1: the newest version served),
-validated against the target's config (:func:`naiad.validation.validate_request`), placed
-by the target's queue policy (:func:`naiad.queue_policy.place`: its priority level's stream
-and bound) and queued by :class:`naiad.queue_client.QueueDispatcher` (waking the
-scaler when the target has no worker, so a model at zero starts) and counted in its
-statistics. The dispatcher lives on the worker's event loop with its own reply list
-(``naiad:reply:bls-<worker id>``); ``exec`` blocks only the model's thread, so heartbeats
-and replies keep flowing. Every failure comes back as the response's ``error()``, never
-raised, as Triton does; an unknown model is NOT_FOUND with Triton's message. An ensemble
-target is UNSUPPORTED at once: ensembles are scheduled by the gateway
-(:mod:`gateway.ensemble`), and no worker reads an ensemble's queue.
+``pb_utils.InferenceRequest(...).exec()`` / ``async_exec()`` (python_backend README, "Business
+Logic Scripting") land in :meth:`BlsClient.submit`, called from the thread that runs the
+model's ``execute``. The request travels exactly as a client's does through a gateway: resolved
+against the registry by the same rules (:func:`naiad.registry.select_version`;
+``model_version`` -1: the newest version served), then validated, timed, placed, queued and
+counted in the target's statistics by the same :class:`naiad.model_client.ModelClient` (the
+queue wakes the scaler when the target has no worker, so a model at zero starts). The
+dispatcher lives on the worker's event loop with its own reply list (``naiad:reply:bls-<worker
+id>``); ``exec`` blocks only the model's thread, so heartbeats and replies keep flowing. Every
+failure comes back as the response's ``error()``, never raised, as Triton does; an unknown
+model is NOT_FOUND with Triton's message. An ensemble target is UNSUPPORTED at once: ensembles
+are scheduled by the gateway (:mod:`gateway.ensemble`), and no worker reads an ensemble's
+queue.
 
 The reply reader starts on the first BLS call, so a worker whose model never calls another
 model holds no extra Redis connection.
@@ -25,21 +24,20 @@ import asyncio
 import concurrent.futures
 import json
 import logging
-import time
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 import triton_python_backend_utils as pb_utils
-from naiad import queue_policy, stats
 from naiad.datatypes import datatype_of
 from naiad.errors import ModelNotFound, NaiadError, Unavailable, Unsupported
 from naiad.inference import InferRequest, InferResponse, RequestedOutput, Tensor
+from naiad.model_client import ModelClient
 from naiad.queue_client import READER_BLOCK_S, QueueDispatcher
 from naiad.redis_client import connect
 from naiad.registry import ModelEntry, RegistryReader, select_version
 from naiad.settings import Settings
-from naiad.validation import validate_request
+from naiad.stats_writer import StatsWriter
 from repository_store.ensemble import is_ensemble
 from workers.backends.python import triton_error
 
@@ -57,7 +55,7 @@ class BlsClient:
         self.registry = RegistryReader(redis)
         self.client_id = f"bls-{worker_id}"
         self.loop = asyncio.get_running_loop()
-        self._dispatcher: QueueDispatcher | None = None
+        self._client: ModelClient | None = None
         self._reader: Redis | None = None
         self._starting = asyncio.Lock()
 
@@ -89,20 +87,8 @@ class BlsClient:
             outputs=[RequestedOutput(name) for name in request.requested_output_names()],
             id=request.request_id(), parameters=_parameters(request),
         )  # fmt: skip
-        assert entry.config is not None
-        validate_request(entry.config, infer)
-        timeout_s = request.timeout() / 1e6 if request.timeout() > 0 else self.settings.request_timeout_s
-        server_bound = self.settings.max_queue_size
-        placement = queue_policy.place(entry.name, entry.config, infer.parameters, server_bound)
-        started_ns = time.perf_counter_ns()
-        dispatcher = await self._started()
-        try:
-            response = await dispatcher.infer(infer, timeout_s, placement=placement)
-        except (Exception, asyncio.CancelledError) as exc:
-            await self._record(infer, False, started_ns, stats.failure_reason(exc))
-            raise
-        await self._record(infer, True, started_ns)
-        return response
+        client = await self._started()
+        return await client.infer(entry, infer, wait_recorded=True)
 
     async def _resolve(self, model: str, version: int) -> tuple[ModelEntry, int]:
         """The target's registry entry and version (-1: the newest it serves), by the rules a
@@ -113,30 +99,22 @@ class BlsClient:
             raise ModelNotFound(f"Request for unknown model: '{model}' is not found")
         return entry, select_version(entry, None if version == -1 else version)
 
-    async def _started(self) -> QueueDispatcher:
-        """The dispatcher, its reply reader started on first use."""
+    async def _started(self) -> ModelClient:
+        """The model client, its dispatcher's reply reader started on first use."""
         async with self._starting:
-            if self._dispatcher is None:
+            if self._client is None:
                 self._reader = connect(self.redis_url, longest_block_s=READER_BLOCK_S)
                 dispatcher = QueueDispatcher(self.redis, self._reader, self.client_id)
                 await dispatcher.start()
-                self._dispatcher = dispatcher
-        return self._dispatcher
-
-    async def _record(self, request: InferRequest, ok: bool, started_ns: int, reason: str = "OTHER") -> None:
-        """The target model's request statistics, as a gateway records a client's request."""
-        duration_ns, now_ms = time.perf_counter_ns() - started_ns, int(time.time() * 1000)
-        try:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                stats.add_request(pipe, request.model, request.version, ok, duration_ns, now_ms, reason)
-                await pipe.execute()
-        except RedisError as exc:
-            logger.warning("statistics of model '%s' not recorded: %s", request.model, exc)
+                bounds = (self.settings.request_timeout_s, self.settings.max_queue_size)
+                self._client = ModelClient(dispatcher, StatsWriter(self.redis), *bounds)
+        return self._client
 
     async def close(self) -> None:
         """Stop the reply reader, if it started."""
-        if self._dispatcher is not None:
-            await self._dispatcher.stop()
+        if self._client is not None:
+            await self._client.writer.flush()
+            await self._client.dispatcher.stop()
         if self._reader is not None:
             await self._reader.aclose()
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gateway.dataplane import check_scheduling_parameters
 from naiad.codec import decode_request, encode_request
 from naiad.errors import InvalidInput
 from naiad.inference import InferRequest, Tensor
+from naiad.model_client import check_scheduling_parameters
 
 UINT64_MAX = 2**64 - 1
 
