@@ -144,8 +144,6 @@ def test_raw_http_is_refused_and_the_server_serves_on(server, path, kwargs, stat
     [
         ("POST", "/v2/models/digits/generate"),
         ("POST", "/v2/models/digits/generate_stream"),
-        ("GET", "/v2/systemsharedmemory/status"),
-        ("POST", "/v2/systemsharedmemory/region/r/register"),
         ("GET", "/v2/cudasharedmemory/status"),
         ("POST", "/v2/cudasharedmemory/region/r/unregister"),
         ("GET", "/v2/trace/setting"),
