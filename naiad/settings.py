@@ -162,8 +162,9 @@ class Settings(BaseSettings):
     (``--warm-pool-backend pytorch``, repeatable; ``NAIAD_WARM_POOL_BACKENDS='["onnxruntime",
     "pytorch"]'``): a model of that backend then pays only its own load. A model whose backend
     has no pool claims any idle process and imports its framework then. Each idle process
-    costs memory: ONNX Runtime ~110 MiB, PyTorch ~270 MiB, TensorFlow ~700 MiB RSS
-    (docs/benchmarks.md), hence only ONNX Runtime by default."""
+    costs memory, idle (RSS measured on a 2-core CPU machine, docs/benchmarks.md): ONNX
+    Runtime 125 MiB, PyTorch 274 MiB, TensorFlow 628 MiB, Python 89 MiB; hence only ONNX
+    Runtime by default."""
 
     warm_pool_idle_timeout_s: float | None = Field(default=None, gt=0)
     """Seconds without any cold start after which the warm pool shrinks to zero processes;

@@ -10,8 +10,9 @@ The pool keeps one group of processes per backend named in ``warm_pool_backends`
 ONNX Runtime alone), ``warm_pool_size`` in each: a model at zero claims a process of its own
 backend (a TorchScript model one that imported torch, so its cold start is the model's load),
 else any idle one (which imports the framework after the claim: still no interpreter start).
-Idle memory per process (RSS, 2-core CPU machine, docs/benchmarks.md): ONNX Runtime ~110 MiB,
-PyTorch ~270 MiB, TensorFlow ~700 MiB; hence only ONNX Runtime by default.
+Idle memory per process (RSS, 2-core CPU machine, docs/benchmarks.md): ONNX Runtime 125 MiB,
+PyTorch 274 MiB, TensorFlow 628 MiB, the Python backend alone 89 MiB; hence only ONNX Runtime
+by default.
 
 The scaler claims it (:meth:`WarmPool.claim`) by writing one JSON line — the ``naiad worker
 --model M ...`` command line it would otherwise have started, and the time of the claim —
