@@ -20,9 +20,9 @@ A request offset is relative to the region's start (the spec's meaning).
 from __future__ import annotations
 
 import contextlib
-import mmap
 import os
 import stat
+import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -87,8 +87,13 @@ def _shm_path(key: str) -> str:
     return os.path.join(SHM_ROOT, name)
 
 
-def _map(name: str, key: str, offset: int, byte_size: int) -> mmap.mmap:
-    """The first ``offset + byte_size`` bytes of object ``key``, mapped shared read-write."""
+def _open(name: str, key: str, offset: int, byte_size: int) -> int:
+    """Object ``key`` opened read-write, checked to hold ``offset + byte_size`` bytes now.
+
+    The region is read and written through this descriptor (``os.pread``/``os.pwrite``), not a
+    memory mapping: a client that shrinks the object after registering it would make a mapped
+    access raise SIGBUS and kill the gateway; a short read or a size checked before each write
+    is an error of that request alone."""
     try:
         fd = os.open(_shm_path(key), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
@@ -103,9 +108,14 @@ def _map(name: str, key: str, offset: int, byte_size: int) -> mmap.mmap:
                 f"+ byte_size {byte_size} must be within the {info.st_size} bytes of '{key}', "
                 "byte_size > 0)"
             )
-        return mmap.mmap(fd, offset + byte_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-    finally:
+    except BaseException:
         os.close(fd)
+        raise
+    return fd
+
+
+def _shrunk(region: str) -> InvalidInput:
+    return InvalidInput(f"shared memory region '{region}' is smaller than when it was registered")
 
 
 @dataclass
@@ -114,8 +124,19 @@ class _Region:
     key: str
     offset: int
     byte_size: int
-    memory: mmap.mmap
+    fd: int
     users: int = 0
+    closer: weakref.finalize | None = None  # closes ``fd`` once: unregister, close, or collection
+
+    def close(self) -> None:
+        if self.closer is not None:
+            self.closer()
+
+    def descriptor(self) -> int:
+        """The open descriptor; ValueError once closed (unregistered)."""
+        if self.closer is None or not self.closer.alive:
+            raise ValueError("closed")
+        return self.fd
 
     def status(self) -> dict[str, Any]:
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
@@ -152,8 +173,9 @@ class SystemSharedMemory:
                 f"failed to register shared memory region '{name}': "
                 f"{self.max_regions} regions are registered already"
             )
-        memory = _map(name, key, offset, byte_size)
-        self._regions[name] = _Region(name, key, offset, byte_size, memory)
+        region = _Region(name, key, offset, byte_size, _open(name, key, offset, byte_size))
+        region.closer = weakref.finalize(region, os.close, region.fd)
+        self._regions[name] = region
 
     def unregister(self, name: str = "") -> None:
         """Unmap region ``name`` (unknown: nothing happens, as in Triton), or every region
@@ -164,7 +186,7 @@ class SystemSharedMemory:
             region = self._regions.get(each)
             if region is not None and not region.users:
                 del self._regions[each]
-                region.memory.close()
+                region.close()
         if name and busy:
             raise InvalidInput(f"Cannot unregister shared memory region '{name}', it is currently in use.")
         if busy:
@@ -202,9 +224,12 @@ class SystemSharedMemory:
             )
         region, start = self._span(ref)
         try:
-            return region.memory[start : start + ref.byte_size]
-        except ValueError:  # unregistered meanwhile (a large body is parsed off the event loop)
+            data = os.pread(region.descriptor(), ref.byte_size, start)
+        except (ValueError, OSError):  # unregistered meanwhile (a large body is parsed off the loop)
             raise RegionNotFound(f"Unable to find shared memory region: '{ref.region}'") from None
+        if len(data) != ref.byte_size:  # the client shrank the object since registering it
+            raise _shrunk(ref.region)
+        return data
 
     def check(self, ref: SharedMemoryRef) -> None:
         """Raise as :meth:`read` would when ``ref`` is not a valid span (an output's region
@@ -219,7 +244,13 @@ class SystemSharedMemory:
                 f"shared memory size specified with the request for output '{tensor}' "
                 f"({ref.byte_size} bytes) should be at least {len(data)} bytes to hold the results"
             )
-        region.memory[start : start + len(data)] = data
+        try:
+            fd = region.descriptor()
+            if os.fstat(fd).st_size < start + len(data):  # shrunk: never grow the client's object
+                raise _shrunk(ref.region)
+            os.pwrite(fd, data, start)
+        except (ValueError, OSError):
+            raise RegionNotFound(f"Unable to find shared memory region: '{ref.region}'") from None
 
     @contextlib.contextmanager
     def hold(self, request: InferRequest) -> Iterator[None]:
@@ -246,10 +277,9 @@ class SystemSharedMemory:
                 self.write(ref, to_bytes(tensor.data, tensor.datatype), tensor.name)
 
     def close(self) -> None:
-        """Unmap every region (the gateway is stopping)."""
+        """Close every region (the gateway is stopping)."""
         for region in self._regions.values():
-            with contextlib.suppress(BufferError):
-                region.memory.close()
+            region.close()
         self._regions.clear()
 
 

@@ -180,3 +180,26 @@ def test_any_shared_memory_parameters_parse_or_fail_cleanly(fuzz_manager, inputs
         assert request.inputs[0].data.shape == (4,)
     except NaiadError:
         pass
+
+
+def test_an_object_shrunk_after_registering_fails_the_request_not_the_gateway(segment):
+    """A client that truncates its object after the register call: a mapped access would be
+    SIGBUS for the whole gateway (this test process included); here the read and the write
+    of that request fail with a clear error, nothing else happens, and the object is not
+    grown back."""
+    import os  # noqa: PLC0415
+
+    key, _ = segment
+    manager = SystemSharedMemory(max_read_bytes=1 << 20)
+    manager.register("r", key, offset=0, byte_size=8192)
+    os.truncate(f"/dev/shm{key}", 1024)
+    with pytest.raises(InvalidInput, match="smaller than when it was registered"):
+        read_tensor(manager, SharedMemoryRef("r", 4096, offset=2048), "x", "FP32", [1024])
+    ref = SharedMemoryRef("r", 16, offset=4096)
+    answer = InferResponse("m", 1, [Tensor("y", "FP32", [4], np.ones(4, np.float32))])
+    with pytest.raises(InvalidInput, match="smaller than when it was registered"):
+        with manager.hold(_request(ref)):
+            manager.write_outputs(_request(ref), answer)
+    assert os.stat(f"/dev/shm{key}").st_size == 1024
+    inside = read_tensor(manager, SharedMemoryRef("r", 16), "x", "FP32", [4])  # what is left still reads
+    np.testing.assert_array_equal(inside, [0, 1, 2, 3])
