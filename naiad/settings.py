@@ -161,10 +161,10 @@ class Settings(BaseSettings):
     one with that backend's framework imported and warmed up before its claim
     (``--warm-pool-backend pytorch``, repeatable; ``NAIAD_WARM_POOL_BACKENDS='["onnxruntime",
     "pytorch"]'``): a model of that backend then pays only its own load. A model whose backend
-    has no pool claims any idle process and imports its framework then. Each idle process
-    costs memory, idle (RSS measured on a 2-core CPU machine, docs/benchmarks.md): ONNX
-    Runtime 125 MiB, PyTorch 274 MiB, TensorFlow 628 MiB, Python 89 MiB; hence only ONNX
-    Runtime by default."""
+    has no pool claims a process of the first-listed pool and imports its framework then (never
+    another framework's). Each idle process costs memory (RSS measured on a 2-core CPU
+    machine, docs/benchmarks.md): ONNX Runtime 125 MiB, PyTorch 274 MiB, TensorFlow 628 MiB,
+    Python 89 MiB; hence only ONNX Runtime by default."""
 
     warm_pool_idle_timeout_s: float | None = Field(default=None, gt=0)
     """Seconds without any cold start after which the warm pool shrinks to zero processes;

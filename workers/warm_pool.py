@@ -9,7 +9,8 @@ model (``naiad_model_workers`` stays 0).
 The pool keeps one group of processes per backend named in ``warm_pool_backends`` (default
 ONNX Runtime alone), ``warm_pool_size`` in each: a model at zero claims a process of its own
 backend (a TorchScript model one that imported torch, so its cold start is the model's load),
-else any idle one (which imports the framework after the claim: still no interpreter start).
+else one of the default (first-listed) pool, which imports the framework after the claim
+(still no interpreter start); never a process of another framework's pool.
 Idle memory per process (RSS, 2-core CPU machine, docs/benchmarks.md): ONNX Runtime 125 MiB,
 PyTorch 274 MiB, TensorFlow 628 MiB, the Python backend alone 89 MiB; hence only ONNX Runtime
 by default.
@@ -122,14 +123,17 @@ class WarmPool:
         """Hand ``command`` (a ``naiad worker --model M ...`` command line) to an idle pool
         process and return it, or None when none is idle (the caller starts ``command``
         itself): one that prepared ``backend`` (the model's, :func:`repository_store.backend_of`)
-        if any, else any idle one. Either way a cold start happened: the pool refills and
+        if any, else one of the default (first-listed) pool; never one another framework's
+        model would miss. Either way a cold start happened: the pool refills and
         its idle timeout starts again."""
         now = time.monotonic()
         self._last_cold_start, self._refill_at = now, now + REFILL_DELAY_S
         self._changed.set()
         message = json.dumps({"command": list(command), "claimed_at": time.time()}).encode() + b"\n"
-        order = [backend] if backend in self.idle else []
-        for group in (self.idle[b] for b in [*order, *self.backends]):
+        # Its own backend's pool, else the default (first) pool: never another framework's
+        # process, which a model of that framework would then miss.
+        order = list(dict.fromkeys(b for b in (backend, self.backends[0]) if b in self.idle))
+        for group in (self.idle[b] for b in order):
             while group:
                 process = group.pop(0)
                 if _hand(process, message):

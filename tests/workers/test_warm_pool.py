@@ -176,3 +176,28 @@ def test_each_framework_has_its_own_pool_and_a_model_claims_its_framework(
     refilled = wait_for(lambda: len(server.pool_processes()) == 2 and server.pool_processes(), 30, "refilled")
     wait_for(lambda: any(maps_torch(p) for p in refilled), 60, "the PyTorch pool's refill")
     assert [maps_torch(p) for p in refilled].count(True) == 1
+
+
+def test_a_claim_takes_its_own_backend_else_the_default_pool_never_another_framework(tmp_path):
+    """Idle stand-ins (``cat`` reading the claim) in an ONNX Runtime and a PyTorch pool: a
+    Python model takes the default (ONNX Runtime) one, an ONNX model then finds none left and
+    gets None (a bare process) rather than the PyTorch one, which a TorchScript model still
+    gets."""
+    from naiad.settings import Settings  # noqa: PLC0415
+    from workers.warm_pool import WarmPool  # noqa: PLC0415
+
+    settings = Settings(model_repository=str(tmp_path), cache_dir=tmp_path,
+                        warm_pool_backends=["onnxruntime", "pytorch"])  # fmt: skip
+    pool = WarmPool(settings, ["cat"], "redis://unused")
+    stand_ins = {b: subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+                 for b in pool.backends}  # fmt: skip
+    try:
+        for backend, process in stand_ins.items():
+            pool.idle[backend].append(process)
+        assert pool.claim(["worker", "--model", "py"], "python") is stand_ins["onnxruntime"]
+        assert pool.claim(["worker", "--model", "onnx"], "onnxruntime") is None
+        assert pool.claim(["worker", "--model", "torch"], "pytorch") is stand_ins["pytorch"]
+    finally:
+        for process in stand_ins.values():
+            process.kill()
+            process.wait(5)
