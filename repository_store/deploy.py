@@ -180,12 +180,24 @@ def _layout(folder: Path) -> tuple[list[int], list[str], list[str]]:
 
 
 def _files(folder: Path) -> Iterator[str]:
+    """The files to upload, relative to ``folder``. A link that points outside the model
+    folder is a :class:`ConfigError`: the upload would copy what it points to (a file of this
+    machine) into the repository, and the server refuses links out of its repository too."""
+    root = folder.resolve()
     for dirpath, dirs, names in os.walk(folder, followlinks=True):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
+        for name in [*dirs, *names]:
+            _inside(Path(dirpath, name), root, folder)
         for filename in names:
             full = Path(dirpath, filename)
             if not filename.startswith(".") and full.is_file():
                 yield full.relative_to(folder).as_posix()
+
+
+def _inside(path: Path, root: Path, folder: Path) -> None:
+    if path.is_symlink() and not path.resolve().is_relative_to(root):
+        raise ConfigError(f"{path.relative_to(folder)} in {folder} links outside the model folder "
+                          f"(to {os.readlink(path)}): deploy would upload what it points to")  # fmt: skip
 
 
 def _load(load_check: LoadCheck, version_dir: Path, config: ModelConfig, version: int) -> None:

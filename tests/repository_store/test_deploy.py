@@ -61,6 +61,20 @@ def test_invalid_folders_are_refused(digits: Path, change, message: str) -> None
         validate_model_dir(digits)
 
 
+def test_a_link_out_of_the_folder_is_refused_one_inside_is_uploaded(digits: Path, tmp_path: Path) -> None:
+    """A file linked from outside the model folder would be uploaded as its target's bytes
+    (``/etc/shadow`` into a bucket): refused, naming the link. A link within the folder is a
+    file of the model like any other."""
+    outside = tmp_path / "secret.txt"
+    outside.write_text("not for the bucket")
+    (digits / "1" / "secret.txt").symlink_to(outside)
+    with pytest.raises(ConfigError, match=r"1/secret.txt in .* links outside the model folder"):
+        validate_model_dir(digits)
+    (digits / "1" / "secret.txt").unlink()
+    (digits / "1" / "labels-copy.txt").symlink_to(digits / "labels.txt")
+    assert "1/labels-copy.txt" in validate_model_dir(digits).files
+
+
 def test_name_flag_and_autocomplete(digits: Path) -> None:
     with pytest.raises(ConfigError, match="does not match"):
         validate_model_dir(digits, name="digits2")  # the config says "digits"
