@@ -19,6 +19,7 @@ from google.protobuf import json_format
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import serialize_byte_tensor
 
+from naiad.datatypes import numpy_dtype
 from tests.differential.repository import DATATYPES
 
 H = "Inference-Header-Content-Length"
@@ -58,21 +59,6 @@ VALUES: dict[str, list[Any]] = {
     "FP64": [0.1, -1e300, 2.5],
     "BYTES": ["a", "héllo", ""],
 }
-NP = {
-    "BOOL": np.bool_,
-    "UINT8": np.uint8,
-    "UINT16": np.uint16,
-    "UINT32": np.uint32,
-    "UINT64": np.uint64,
-    "INT8": np.int8,
-    "INT16": np.int16,
-    "INT32": np.int32,
-    "INT64": np.int64,
-    "FP16": np.float16,
-    "FP32": np.float32,
-    "FP64": np.float64,
-    "BYTES": np.object_,
-}
 
 
 def raw(datatype: str, values: list[Any]) -> bytes:
@@ -81,7 +67,7 @@ def raw(datatype: str, values: list[Any]) -> bytes:
         return serialize_byte_tensor(
             np.array([v.encode() if isinstance(v, str) else v for v in values], dtype=np.object_)
         ).item()
-    return np.array(values, dtype=NP[datatype]).tobytes()
+    return np.array(values, dtype=numpy_dtype(datatype)).tobytes()
 
 
 def js(value: Any) -> bytes:

@@ -23,7 +23,8 @@ from google.protobuf import json_format
 from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import deserialize_bytes_tensor
 
-from tests.differential.cases import NP, GrpcCase, HttpCase
+from naiad.datatypes import numpy_dtype
+from tests.differential.cases import GrpcCase, HttpCase
 
 TIMEOUT_S = 60.0
 MESSAGE = "<message>"
@@ -33,7 +34,7 @@ def _values(datatype: str, shape: list[int], data: bytes) -> list[Any]:
     if datatype == "BYTES":
         items = deserialize_bytes_tensor(data) if data else np.array([], dtype=np.object_)
         return [item.decode("utf-8", "replace") for item in items.reshape(-1)]
-    return np.frombuffer(data, dtype=NP[datatype]).reshape(-1).tolist()
+    return np.frombuffer(data, dtype=numpy_dtype(datatype)).reshape(-1).tolist()
 
 
 def _decode_binary(head: dict[str, Any], rest: bytes) -> None:
