@@ -40,7 +40,7 @@ import msgpack
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from naiad import keys
+from naiad import keys, tasks
 from naiad.codec import decode_tensors, encode_tensors
 from naiad.datatypes import to_bytes
 from naiad.errors import DeadlineExceeded, InferenceFailed, InvalidInput, error_from_name
@@ -289,10 +289,10 @@ class ResponseCache:
         try:
             response = await run(left_s)
         except BaseException as exc:
-            holding.cancel()
+            await tasks.cancel_and_wait(holding)
             await self._finish(names, _notice(exc), b"")
             raise
-        holding.cancel()
+        await tasks.cancel_and_wait(holding)  # a plain cancel may be lost (naiad.tasks)
         started = time.perf_counter_ns()
         payload = encode_tensors(response.outputs)
         try:

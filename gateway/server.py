@@ -30,6 +30,7 @@ from gateway.metrics import create_metrics_app
 from gateway.registry import ModelRegistry, poll_repository
 from gateway.response_cache import WAIT_BLOCK_S, CacheConfig, ResponseCache
 from gateway.shared_memory import SystemSharedMemory
+from naiad import tasks
 from naiad.queue_client import READER_BLOCK_S, QueueDispatcher
 from naiad.redis_client import connect
 from naiad.settings import Settings
@@ -104,9 +105,7 @@ async def _background(coroutine: Coroutine[Any, Any, None]) -> AsyncIterator[Non
     try:
         yield
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await tasks.cancel_and_wait(task)  # a plain cancel may be lost (naiad.tasks)
 
 
 async def _response_cache(

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Sequence
 
 from naiad import eventloop, logs, procs, tracing
+from naiad import tasks as naiad_tasks
 from naiad.settings import Settings, parse_cache_config
 
 
@@ -228,7 +229,7 @@ async def _until_signal(*runners, grace_s: float = 0.0) -> None:
     _, pending = await asyncio.wait(tasks, timeout=grace_s + SHUTDOWN_MARGIN_S)
     for task in pending:
         logger.error("shutdown still waiting after %g s: cancelling %s", grace_s + SHUTDOWN_MARGIN_S, task)
-        task.cancel()
+        await naiad_tasks.cancel_and_wait(task)
     await asyncio.gather(*tasks, return_exceptions=bool(pending))
 
 
@@ -238,9 +239,7 @@ def _scaler_runner(settings: Settings, redis_url: str):
     async def run(stop: asyncio.Event) -> None:
         task = asyncio.create_task(LocalScaler(settings, redis_url).run())
         await stop.wait()
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await naiad_tasks.cancel_and_wait(task)
 
     return run
 

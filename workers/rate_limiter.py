@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 from tritonclient.grpc import model_config_pb2 as mc
 
-from naiad import keys
+from naiad import keys, tasks
 from naiad.errors import ConfigError
 from naiad.registry import RegistryReader
 from naiad.settings import Settings, parse_rate_limit_resource
@@ -303,9 +303,7 @@ class RateLimiter:
             try:
                 yield
             finally:
-                keeper.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await keeper
+                await tasks.cancel_and_wait(keeper)  # a plain cancel may be lost (naiad.tasks)
         finally:
             self.executions += 1
             await asyncio.shield(self.release())

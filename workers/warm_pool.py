@@ -47,7 +47,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from redis.exceptions import RedisError
 
-from naiad import logs, procs
+from naiad import logs, procs, tasks
 from naiad.redis_client import connect
 from naiad.settings import Settings
 from repository_store import RepositoryStore, open_store
@@ -104,9 +104,7 @@ class WarmPool:
     async def close(self) -> None:
         """Stop keeping the pool and end its idle processes."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await tasks.cancel_and_wait(self._task)
             self._task = None
         await asyncio.to_thread(_stop, self._take_all())
 

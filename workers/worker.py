@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
-from naiad import logs, procs, queue_policy, stats
+from naiad import logs, procs, queue_policy, stats, tasks
 from naiad.codec import QueuedRequest, Reply, encode_reply, entry_order
 from naiad.errors import DeadlineExceeded, NaiadError, QueueTimeout
 from naiad.ids import fresh_id
@@ -115,9 +115,7 @@ class Worker:
         finally:
             await asyncio.to_thread(self.loader.close)  # backends' close(): Python models' finalize()
             await calls.close()
-            beat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await beat
+            await tasks.cancel_and_wait(beat)
             await self.lifecycle.deregister()
             await self.redis.aclose()
 
