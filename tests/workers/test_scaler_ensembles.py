@@ -7,7 +7,7 @@ import asyncio
 
 import redis
 
-from naiad import keys
+from naiad import keys, tasks
 from naiad.registry import ModelEntry
 from naiad.settings import Settings
 from repository_store import parse_config
@@ -49,8 +49,7 @@ def test_the_scaler_never_starts_workers_for_an_ensemble(redis_url, tmp_path):
     async def scale_for(seconds: float) -> None:
         task = asyncio.create_task(scaler.run())
         await asyncio.sleep(seconds)
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        await tasks.cancel_and_wait(task)  # a plain cancel may be lost (naiad.tasks)
 
     asyncio.run(scale_for(1.5))
     client.close()

@@ -8,7 +8,7 @@ import asyncio
 import psutil
 import redis
 
-from naiad import keys
+from naiad import keys, tasks
 from naiad.registry import ModelEntry
 from naiad.settings import Settings
 from repository_store import parse_config
@@ -46,8 +46,7 @@ def test_a_worker_that_never_becomes_live_is_replaced(redis_url, tmp_path, monke
         scaler.start_worker = record
         task = asyncio.create_task(scaler.run())
         await asyncio.sleep(seconds)
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        await tasks.cancel_and_wait(task)  # a plain cancel may be lost (naiad.tasks)
 
     asyncio.run(scale_for(3.0))
     assert len(started) >= 2, "the hung worker was never replaced"
