@@ -44,7 +44,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from naiad import keys, logs, tracing
+from naiad import keys, logs, tasks, tracing
 from naiad.codec import Reply, decode_replies, encode_request
 from naiad.errors import DeadlineExceeded, InvalidInput, Overloaded, QueueTimeout, Unavailable
 from naiad.ids import fresh_id
@@ -125,13 +125,12 @@ class QueueDispatcher:
         """Stop the reply reader and cancel every waiting caller.
 
         redis-py may turn the reader's cancellation into a ConnectionError, which the
-        reader's retry loop would swallow; ``_closing`` makes that loop end instead.
+        reader's retry loop would swallow, or lose it (:mod:`naiad.tasks`); ``_closing``
+        makes that loop end instead, and the cancellation is repeated until it does.
         """
         self._closing = True
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, RedisError):
-                await self._reader
+        with contextlib.suppress(RedisError):
+            await tasks.cancel_and_wait(self._reader)
         for future in self._pending.values():
             future.cancel()
         if self._withdrawals:
