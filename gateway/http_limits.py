@@ -17,6 +17,9 @@ slot) for as long as it likes. This module adds them around aiohttp's public sea
   chunk counted against the shared :class:`gateway.limits.ByteBudget`. A refusal closes the
   connection after its answer (after at most :data:`LINGER_S` of reading and dropping what
   is left, so the client sees the answer rather than a reset).
+- A malformed request head (a header over the size limit, too many headers) is answered
+  400 with a JSON ``error`` and the connection lingers the same way
+  (:data:`LINGER_QUIET_S`) before it closes.
 """
 
 from __future__ import annotations
@@ -79,6 +82,11 @@ REFUSAL = (
 
 #: Characters of a malformed request's parse error that reach the log.
 LOGGED_ERROR_CHARS = 200
+#: After answering a malformed head, the connection reads and drops what the client still
+#: sends until it has been quiet this long (seconds), it ends its side, or :data:`LINGER_S`
+#: passed: closing with unread input makes the kernel send a reset, and the client loses the
+#: answer (nginx's ``lingering_close``, whose ``lingering_timeout`` is this quiet period).
+LINGER_QUIET_S = 0.5
 
 
 class _Handler(RequestHandler):
@@ -88,17 +96,49 @@ class _Handler(RequestHandler):
     (a header flood would otherwise fill the log)."""
 
     awaiting_head = False  # between requests: the next byte starts a head (header timer)
+    refused_head = False  # a malformed head was answered: linger, then close
+    _dropping: asyncio.Event | None = None  # set at each chunk dropped while lingering
+    _peer_done = False
 
     def data_received(self, data: bytes) -> None:
+        if self._dropping is not None:  # lingering: read and drop
+            self._dropping.set()
+            return
         server = self._manager
         if self.awaiting_head and isinstance(server, _GuardedServer) and self.transport is not None:
             server.arm_header_timer(self, self.transport)  # a later request's head began
         super().data_received(data)
 
+    def eof_received(self) -> None:
+        self._peer_done = True
+        if self._dropping is not None:
+            self._dropping.set()
+        super().eof_received()
+
     async def finish_response(self, request: Any, resp: web.StreamResponse, start_time: float | None) -> Any:
         result = await super().finish_response(request, resp, start_time)
         self.awaiting_head = True
+        if self.refused_head:
+            await self._linger()
         return result
+
+    async def _linger(self) -> None:
+        """Read and drop input until the client is quiet for :data:`LINGER_QUIET_S`, ends
+        its side, or :data:`LINGER_S` passed (then aiohttp closes the connection)."""
+        dropping = self._dropping = asyncio.Event()
+        deadline = self._loop.time() + LINGER_S
+        if self.transport is not None:
+            self.transport.resume_reading()  # paused with a full message queue: read on
+        while not self._peer_done and self.transport is not None and not self.transport.is_closing():
+            left = deadline - self._loop.time()
+            if left <= 0:
+                return
+            dropping.clear()
+            try:
+                async with asyncio.timeout(min(LINGER_QUIET_S, left)):
+                    await dropping.wait()
+            except TimeoutError:
+                return  # quiet: what it sent is read, closing sends no reset
 
     def log_exception(self, *args: Any, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info")
@@ -119,6 +159,7 @@ class _Handler(RequestHandler):
             text = "internal server error" if status >= 500 else "bad request"
         response = web.json_response({"error": text}, status=status)
         response.force_close()
+        self.refused_head = isinstance(exc, HttpProcessingError)
         return response
 
 
