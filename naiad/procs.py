@@ -66,7 +66,13 @@ def spawn_python(
     """Start a ``naiad`` command ``args``; it adopts death-with-parent itself at start and
     reads ``redis_url`` from an inherited pipe (:func:`take_redis_url`). ``env``: its
     environment before the secrets are taken out (default: this process's). The child can
-    tell it is ready (:func:`report_ready`); :func:`became_ready` reads that here."""
+    tell it is ready (:func:`report_ready`); :func:`became_ready` reads that here.
+
+    The child starts in its own session (unless ``start_new_session`` says otherwise): a
+    terminal's Ctrl-C signals the whole foreground process group, and the server stops its
+    workers itself, in order (the scaler's SIGTERM, then the drain); a warm-pool process hit
+    by that SIGINT died at once and could still be claimed, dead, by the stopping scaler."""
+    kwargs.setdefault("start_new_session", True)
     child = {**child_env(env), PARENT_PID_ENV: str(os.getpid())}
     inherited: list[int] = []
     ready_read, ready_write = os.pipe()

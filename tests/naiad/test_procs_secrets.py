@@ -58,3 +58,12 @@ def test_a_running_child_that_has_not_reported_is_unknown():
     finally:
         procs.stop(process)
     assert procs.became_ready(process) is False
+
+
+def test_a_child_is_in_its_own_session_so_a_terminals_ctrl_c_reaches_only_the_server():
+    process = procs.spawn_python([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert os.getsid(process.pid) == process.pid != os.getsid(0)
+        assert os.getpgid(process.pid) != os.getpgid(0)
+    finally:
+        procs.stop(process)
