@@ -40,7 +40,7 @@ import msgpack
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from naiad import keys, tasks
+from naiad import keys
 from naiad.codec import decode_tensors, encode_tensors
 from naiad.datatypes import to_bytes
 from naiad.errors import DeadlineExceeded, InferenceFailed, InvalidInput, error_from_name
@@ -285,14 +285,17 @@ class ResponseCache:
 
     async def _lead(self, names: _Round, run: Runner, left_s: float, trace: CacheTrace) -> InferResponse:
         """Run ``request`` as ``names``' leader, store a success, release the followers."""
-        holding = asyncio.create_task(self._hold(names))
+        done = asyncio.Event()  # ends the holder even if it loses its cancellation (naiad.tasks)
+        holding = asyncio.create_task(self._hold(names, done))
         try:
             response = await run(left_s)
         except BaseException as exc:
-            await tasks.cancel_and_wait(holding)
+            done.set()
+            holding.cancel()
             await self._finish(names, _notice(exc), b"")
             raise
-        await tasks.cancel_and_wait(holding)  # a plain cancel may be lost (naiad.tasks)
+        done.set()
+        holding.cancel()
         started = time.perf_counter_ns()
         payload = encode_tensors(response.outputs)
         try:
@@ -303,10 +306,13 @@ class ResponseCache:
         trace.ns += time.perf_counter_ns() - started
         return response
 
-    async def _hold(self, names: _Round) -> None:
-        """Renew the leader's lease every third of :data:`LEASE_MS` until cancelled."""
+    async def _hold(self, names: _Round, done: asyncio.Event) -> None:
+        """Renew the leader's lease every third of :data:`LEASE_MS` until cancelled or
+        ``done`` is set."""
         while True:
             await asyncio.sleep(LEASE_MS / 3000)
+            if done.is_set():
+                return
             try:
                 await self._renew(keys=[names.inflight, names.waiters], args=[names.token, LEASE_MS])
             except RedisError as exc:

@@ -229,7 +229,8 @@ async def _until_signal(*runners, grace_s: float = 0.0) -> None:
     _, pending = await asyncio.wait(tasks, timeout=grace_s + SHUTDOWN_MARGIN_S)
     for task in pending:
         logger.error("shutdown still waiting after %g s: cancelling %s", grace_s + SHUTDOWN_MARGIN_S, task)
-        await naiad_tasks.cancel_and_wait(task)
+        with contextlib.suppress(Exception):  # gathered below
+            await naiad_tasks.cancel_and_wait(task)
     await asyncio.gather(*tasks, return_exceptions=bool(pending))
 
 
