@@ -28,19 +28,6 @@ def stubborn(lost: int, ended: list[str]):
     return run()
 
 
-def test_a_lost_cancellation_hangs_a_plain_cancel_and_await():
-    async def main() -> bool:
-        task = asyncio.create_task(stubborn(1, []))
-        await asyncio.sleep(0)
-        task.cancel()
-        done, _ = await asyncio.wait([task], timeout=0.3)
-        task.cancel()  # the second one ends it
-        await asyncio.gather(task, return_exceptions=True)
-        return bool(done)
-
-    assert asyncio.run(main()) is False  # the hazard the helper exists for
-
-
 @pytest.mark.parametrize("lost", [0, 1, 3])
 def test_cancel_and_wait_ends_a_task_whatever_it_loses(lost):
     ended: list[str] = []
