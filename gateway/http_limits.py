@@ -272,6 +272,10 @@ async def _read(request: web.Request, limits: HttpLimits) -> bytes:
     if not request.body_exists:
         return b""
     reservation: Reservation = request.get(RESERVATION) or limits.budget.reservation()
+    buffered = _buffered_body(request, limits)
+    if buffered is not None:  # it came with the head: no wait, no timer
+        reservation.add(len(buffered))
+        return buffered
     loop = asyncio.get_running_loop()
     deadline = loop.time() + limits.body_timeout_s
     body = bytearray()
@@ -291,3 +295,15 @@ async def _read(request: web.Request, limits: HttpLimits) -> bytes:
             raise PayloadTooLarge(f"the request body is over the limit of {limits.max_body_bytes} bytes")
         reservation.add(len(chunk))
         body += chunk
+
+
+def _buffered_body(request: web.Request, limits: HttpLimits) -> bytes | None:
+    """The whole body when the connection already holds all of it (a small request arrives
+    with its head, in one segment), else None: then :func:`_read` reads it under its timers.
+    Nothing is consumed unless the whole body is there."""
+    content = request.content
+    declared = request.content_length
+    if declared is None or declared > limits.max_body_bytes or not content.is_eof():
+        return None
+    body = content.read_nowait(-1)
+    return body if content.at_eof() else None

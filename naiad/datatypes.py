@@ -52,11 +52,18 @@ def datatype_of(dtype: np.dtype) -> str:
     """The v2 datatype of a numpy dtype (object and byte-string arrays are BYTES)."""
     if dtype.kind in "OSU":
         return "BYTES"
+    known = _DATATYPE_OF.get(dtype)  # the native-order dtypes (every output, nearly)
+    if known is not None:
+        return known
     dtype = dtype.newbyteorder("=") if dtype.byteorder not in "=|" else dtype
     for name, candidate in NUMPY_DTYPES.items():
         if candidate == dtype and name != "BYTES":
             return name
     raise InvalidInput(f"no v2 datatype for numpy dtype {dtype}")
+
+
+#: The v2 datatype of each native-order numpy dtype of :data:`NUMPY_DTYPES` (BYTES aside).
+_DATATYPE_OF = {dtype: name for name, dtype in NUMPY_DTYPES.items() if name != "BYTES"}
 
 
 def config_to_datatype(config_type_name: str) -> str:

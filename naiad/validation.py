@@ -12,6 +12,7 @@ which Triton validates the same way).
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import dataclass
 
 from tritonclient.grpc import model_config_pb2 as mc
 
@@ -30,6 +31,47 @@ def client_shape(config: mc.ModelConfig, dims: list[int]) -> list[int]:
     return ([-1] if config.max_batch_size > 0 else []) + list(dims)
 
 
+@dataclass(frozen=True)
+class _InputRule:
+    datatype: str  # the v2 datatype the config declares
+    shape: list[int]  # what a client sends: the batch dimension (-1) first when batching
+    optional: bool
+
+
+@dataclass(frozen=True)
+class _Rules:
+    """What :func:`validate_request` checks, read out of one config once (protobuf field
+    access costs more than the checks)."""
+
+    name: str
+    max_batch_size: int
+    inputs: dict[str, _InputRule]
+    outputs: frozenset[str]
+
+    @classmethod
+    def of(cls, config: mc.ModelConfig) -> _Rules:
+        inputs = {spec.name: _InputRule(wire_datatype(spec.data_type), client_shape(config, list(spec.dims)),
+                                        spec.optional) for spec in config.input}  # fmt: skip
+        return cls(config.name, config.max_batch_size, inputs, frozenset(o.name for o in config.output))
+
+
+#: Rules by the config's serialized bytes (a config changed in place gets new rules).
+_RULES: dict[bytes, _Rules] = {}
+#: Configs whose rules are kept at most (the oldest is dropped past it).
+MAX_CACHED_RULES = 1024
+
+
+def _rules(config: mc.ModelConfig) -> _Rules:
+    key = config.SerializeToString()
+    rules = _RULES.get(key)
+    if rules is None:
+        rules = _Rules.of(config)
+        if len(_RULES) >= MAX_CACHED_RULES:
+            del _RULES[next(iter(_RULES))]
+        _RULES[key] = rules
+    return rules
+
+
 def _check_dims(tensor: Tensor, expected: list[int]) -> None:
     ok = len(tensor.shape) == len(expected) and all(
         want == -1 or want == got for want, got in zip(expected, tensor.shape, strict=True)
@@ -41,27 +83,26 @@ def _check_dims(tensor: Tensor, expected: list[int]) -> None:
         )
 
 
-def _batch_size(config: mc.ModelConfig, tensor: Tensor) -> int | None:
-    if config.max_batch_size <= 0:
+def _batch_size(max_batch_size: int, tensor: Tensor) -> int | None:
+    if max_batch_size <= 0:
         return None
     if not tensor.shape:
         raise InvalidInput(f"input '{tensor.name}' lacks the batch dimension")
     batch = tensor.shape[0]
-    if not 1 <= batch <= config.max_batch_size:
+    if not 1 <= batch <= max_batch_size:
         raise InvalidInput(
-            f"batch size {batch} of input '{tensor.name}' is outside 1..{config.max_batch_size}"
+            f"batch size {batch} of input '{tensor.name}' is outside 1..{max_batch_size}"
         )
     return batch
 
 
-def _check_input(config: mc.ModelConfig, spec: mc.ModelInput, tensor: Tensor) -> int | None:
-    want = wire_datatype(spec.data_type)
-    if tensor.datatype != want:
+def _check_input(rules: _Rules, rule: _InputRule, tensor: Tensor) -> int | None:
+    if tensor.datatype != rule.datatype:
         raise InvalidInput(
-            f"input '{tensor.name}' has datatype {tensor.datatype}, model expects {want}"
+            f"input '{tensor.name}' has datatype {tensor.datatype}, model expects {rule.datatype}"
         )
-    batch = _batch_size(config, tensor)
-    _check_dims(tensor, client_shape(config, list(spec.dims)))
+    batch = _batch_size(rules.max_batch_size, tensor)
+    _check_dims(tensor, rule.shape)
     return batch
 
 
@@ -85,13 +126,13 @@ def validate_request(config: mc.ModelConfig, request: InferRequest) -> None:
     (unknown, duplicate).
     Element counts against shapes are checked when the tensors are decoded.
     """
-    specs = {spec.name: spec for spec in config.input}
-    seen = _unique_known("input", [t.name for t in request.inputs], specs, config.name)
-    batches = {_check_input(config, specs[t.name], t) for t in request.inputs} - {None}
+    rules = _rules(config)
+    specs = rules.inputs
+    seen = _unique_known("input", [t.name for t in request.inputs], specs, rules.name)
+    batches = {_check_input(rules, specs[t.name], t) for t in request.inputs} - {None}
     missing = [name for name, spec in specs.items() if name not in seen and not spec.optional]
     if missing:
-        raise InvalidInput(f"expected inputs {sorted(missing)} for model '{config.name}'")
+        raise InvalidInput(f"expected inputs {sorted(missing)} for model '{rules.name}'")
     if len(batches) > 1:
         raise InvalidInput(f"inputs disagree on the batch size: {sorted(batches)}")
-    outputs = {spec.name for spec in config.output}
-    _unique_known("output", [o.name for o in request.outputs], outputs, config.name)
+    _unique_known("output", [o.name for o in request.outputs], rules.outputs, rules.name)
