@@ -336,12 +336,12 @@ def _routes() -> list[web.RouteDef]:
             web.post(region + "/unregister", unregister),
         ]
     for base in (model, versioned):
-        routes += [
+        routes += [  # infer first: aiohttp tries the routes under /v2/models in this order
+            web.post(base + "/infer", infer),
             web.get(base, model_metadata),
             web.get(base + "/ready", model_ready),
             web.get(base + "/config", model_config),
             web.get(base + "/stats", model_statistics),
-            web.post(base + "/infer", infer),
         ]
     return routes
 
