@@ -31,15 +31,26 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 MAX_DIMS = 64
 
 
+#: A run of 19 digits marks a number orjson may read as a float where ``json`` reads an int
+#: (orjson keeps integers in [-2**63, 2**64 - 1] only): such a text goes to ``json.loads``.
+#: Found by mapping every digit to "0" and everything else to " " (one C pass, then a
+#: substring search: a regex costs 3x orjson's parse).
+_DIGITS = bytes(48 if 48 <= c <= 57 else 32 for c in range(256))
+_LONG_RUN = b"0" * 19
+
+
 def loads(text: bytes) -> Any:
     """``json.loads(text)``, faster: orjson parses what is strict RFC 8259 JSON within its
-    limits (most requests); what it refuses (``NaN``, integers past 64 bits, lone surrogates,
-    nesting past 1,024 levels, malformed text) goes to ``json.loads``, so the values accepted
-    and the errors raised are ``json.loads``'s own."""
-    try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return json.loads(text)
+    limits (most requests); the rest goes to ``json.loads``, so the values accepted and the
+    errors raised are ``json.loads``'s own: what orjson refuses (``NaN``, lone surrogates,
+    nesting past 1,024 levels, malformed text) and any text with a 19-digit run (an integer
+    orjson would turn into a float)."""
+    if _LONG_RUN not in text.translate(_DIGITS):
+        try:
+            return orjson.loads(text)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(text)
 
 
 def dumps(value: Any) -> bytes:

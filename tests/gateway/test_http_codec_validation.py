@@ -310,3 +310,14 @@ def test_validation_accepts():
 def test_validation_rejects(config, request_):
     with pytest.raises(InvalidInput):
         validate_request(config, request_)
+
+
+def test_validation_follows_a_config_changed_in_place():
+    config = mc.ModelConfig()
+    config.CopyFrom(DIGITS)
+    validate_request(config, req(t("x", [4, 3])))
+    config.max_batch_size = 2  # the same message, changed: the rules are read again
+    with pytest.raises(InvalidInput, match="outside 1..2"):
+        validate_request(config, req(t("x", [4, 3])))
+    config.input[0].dims[0] = 5
+    validate_request(config, req(t("x", [2, 5])))

@@ -1,0 +1,57 @@
+"""``naiad.redis_client``: commands packed by hiredis are the bytes redis-py's own packer
+writes, what it refuses is refused the same way, and a real Redis answers them."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+from redis.asyncio.connection import Connection
+from redis.exceptions import DataError
+
+from naiad.redis_client import connect
+
+ARGS = [
+    "", "é€", b"\x00\xff", 0, -3, 2**63, 2**64 - 1, -(2**63), 0.1, 1e300, -0.0, 1e-7, 100.0,
+    float("inf"), float("nan"), 1733000000.123456, b"x" * 10_000, memoryview(b"view"), bytearray(b"ba"),
+]  # fmt: skip
+
+
+def test_packing_matches_redis_py_byte_for_byte():
+    ours = connect("redis://127.0.0.1:1").connection_pool.make_connection()
+    theirs = Connection()
+    rng = random.Random(0)
+    floats = [rng.uniform(-1e10, 1e10) for _ in range(500)] + [rng.random() * 10.0 ** rng.randint(-300, 300)
+                                                              for _ in range(500)]  # fmt: skip
+    for arg in [*ARGS, *floats]:
+        assert b"".join(ours.pack_command("SET", "k", arg)) == b"".join(theirs.pack_command("SET", "k", arg))
+    commands = [("CONFIG GET", "maxmemory"), (b"XADD", "s", "*", "f", 1.5), ("EVAL", "return 1", 0)]
+    assert b"".join(ours.pack_commands(commands)) == b"".join(theirs.pack_commands(commands))
+
+
+@pytest.mark.parametrize("bad", [True, None, {"a": 1}, [1, 2]])
+def test_what_redis_py_refuses_is_refused_alike(bad):
+    ours = connect("redis://127.0.0.1:1").connection_pool.make_connection()
+    with pytest.raises(DataError) as ours_error:
+        ours.pack_command("SET", "k", bad)
+    with pytest.raises(DataError) as theirs_error:
+        Connection().pack_command("SET", "k", bad)
+    assert str(ours_error.value) == str(theirs_error.value)
+
+
+def test_a_real_redis_answers_packed_commands(redis_url):
+    async def run():
+        client = connect(redis_url)
+        try:
+            big = bytes(range(256)) * 400  # past the 6,000-byte cutoff of redis-py's packer
+            await client.set("pack:big", big)
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.set("pack:f", 0.1).incrbyfloat("pack:f", 1e-7).get("pack:big").hset("pack:h", "é", 2**63)
+                _, total, got, _ = await pipe.execute()
+            assert (float(total), got) == (pytest.approx(0.1 + 1e-7), big)
+            assert await client.hget("pack:h", "é") == str(2**63).encode()
+        finally:
+            await client.aclose()
+
+    asyncio.run(run())
