@@ -3,8 +3,11 @@
 For each model the repository serves (READY, not an ensemble: ensembles run in the gateway),
 one file ``<name>.yaml`` with
 
-- a worker ``Deployment`` running ``naiad worker --model NAME --redis-url ...
-  --model-repository ...`` (the same command the local scaler starts), with CPU/memory
+- a worker ``Deployment`` running ``naiad worker --model NAME --model-repository ...`` (the
+  command the local scaler starts), the Redis URL in ``NAIAD_REDIS_URL`` (never on the
+  command line, which ``ps`` and the pod spec's ``args`` show: from a Secret's ``url`` key
+  with ``--redis-secret``, else ``redis://$(REDIS_ADDRESS)/0``; the worker takes it out of
+  its environment before any model code runs), with CPU/memory
   requests, and for a config whose ``instance_group`` asks for ``KIND_GPU`` one
   ``nvidia.com/gpu``, a GPU node selector and the GPU taint's toleration;
 - a KEDA ``ScaledObject`` (``keda.sh/v1alpha1``) scaling it 0..N on the model's Redis streams
@@ -39,6 +42,7 @@ import yaml
 from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad import keys, queue_policy
+from naiad.procs import REDIS_URL_ENV
 from naiad.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -65,6 +69,9 @@ class RenderOptions:
     image_worker: str = "naiad-worker:latest"
     namespace: str = "naiad"
     redis_address: str = "redis:6379"
+    redis_secret: str = ""
+    """A Secret whose ``url`` key holds the workers' Redis URL (with its password); empty:
+    ``redis://<redis_address>/0``, no password."""
 
 
 def resource_name(model: str) -> str:
@@ -84,15 +91,24 @@ def uses_gpu(config: mc.ModelConfig) -> bool:
 
 
 def worker_args(model: str, options: RenderOptions) -> list[str]:
-    """``naiad`` arguments of a model's worker container (``$(REDIS_ADDRESS)`` is expanded
-    by Kubernetes from the container's environment)."""
+    """``naiad`` arguments of a model's worker container (the Redis URL is in its
+    environment: :func:`redis_url_env`)."""
     return [
         "worker", "--model", model,
-        "--redis-url", "redis://$(REDIS_ADDRESS)/0",
         "--model-repository", options.repository,
         "--cache-dir", CACHE_DIR,
         "--idle-timeout", str(K8S_IDLE_TIMEOUT_S),
     ]  # fmt: skip
+
+
+def redis_url_env(options: RenderOptions) -> dict:
+    """The worker container's ``NAIAD_REDIS_URL``: from ``options.redis_secret``'s ``url``
+    key, else built from ``$(REDIS_ADDRESS)`` (Kubernetes expands it from the variable defined
+    before it in the container's ``env``)."""
+    if options.redis_secret:
+        secret = {"name": options.redis_secret, "key": "url"}
+        return {"name": REDIS_URL_ENV, "valueFrom": {"secretKeyRef": secret}}
+    return {"name": REDIS_URL_ENV, "value": "redis://$(REDIS_ADDRESS)/0"}
 
 
 def render_model(config: mc.ModelConfig, options: RenderOptions, settings: Settings) -> list[dict]:
@@ -156,6 +172,7 @@ def _pod_spec(config: mc.ModelConfig, options: RenderOptions) -> dict:
             "args": worker_args(config.name, options),
             "env": [
                 {"name": "REDIS_ADDRESS", "value": options.redis_address},
+                redis_url_env(options),
                 # The rate limiter's machine is the node: the workers of one node share it.
                 {"name": "NAIAD_RATE_LIMIT_HOST", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
             ],

@@ -192,6 +192,9 @@ def _add_tool_commands(commands) -> None:
     render.add_argument("--redis-address", default="redis:6379",
                         help="host:port of Redis as seen from the pods, KEDA's address format "
                         "(default: %(default)s)")
+    render.add_argument("--redis-secret", default="",
+                        help="a Secret whose 'url' key holds the workers' Redis URL with its password "
+                        "(default: redis://<redis-address>/0)")
 
 
 def _settings(args: argparse.Namespace, redis_url: str | None = None) -> Settings:
@@ -369,7 +372,8 @@ def cmd_k8s_render(args: argparse.Namespace, settings: Settings) -> int:
     from infra.render import RenderOptions, render_repository  # noqa: PLC0415
     from naiad.errors import RepositoryError  # noqa: PLC0415
 
-    options = RenderOptions(settings.model_repository, args.image_worker, args.namespace, args.redis_address)
+    options = RenderOptions(settings.model_repository, args.image_worker, args.namespace, args.redis_address,
+                            args.redis_secret)
     try:
         written = render_repository(options, args.out, settings)
     except RepositoryError as exc:

@@ -116,7 +116,13 @@ def test_rendered_worker_manifests(rendered: dict[str, list[dict]]) -> None:
         assert node in container["env"]
         args = build_parser().parse_args(container["args"])
         assert (args.command, args.model) == ("worker", model)
-        assert args.redis_url.startswith("redis://") and args.model_repository.endswith("models")
+        assert args.model_repository.endswith("models")
+        # The Redis URL is never on the command line (ps, the pod spec's args): in the environment.
+        assert getattr(args, "redis_url", None) is None
+        assert not any("redis://" in a for a in container["args"])
+        names = [e["name"] for e in container["env"]]
+        assert names.index("REDIS_ADDRESS") < names.index("NAIAD_REDIS_URL")  # $(REDIS_ADDRESS) expands
+        assert {"name": "NAIAD_REDIS_URL", "value": "redis://$(REDIS_ADDRESS)/0"} in container["env"]
 
 
 def test_gpu_model_gets_a_gpu_and_its_scaling_parameters(rendered: dict[str, list[dict]]) -> None:
@@ -137,3 +143,14 @@ def test_resource_names_are_dns_labels() -> None:
         assert len(name) <= 63 and name == name.lower() and name[0].isalnum() and name[-1].isalnum()
         assert all(ch.isalnum() or ch == "-" for ch in name)
     assert resource_name("a_b") != resource_name("a-b")
+
+
+def test_a_redis_secret_gives_the_workers_url_from_its_url_key(tmp_path: Path, example_repository: Path):
+    out = tmp_path / "out"
+    assert main(["k8s", "render", "--model-repository", str(example_repository), "--out", str(out),
+                 "--redis-secret", "naiad-redis"]) == 0
+    for path in sorted(out.glob("*.yaml")):
+        [container] = _docs(path)[0]["spec"]["template"]["spec"]["containers"]
+        secret = {"secretKeyRef": {"name": "naiad-redis", "key": "url"}}
+        url = {"name": "NAIAD_REDIS_URL", "valueFrom": secret}
+        assert url in container["env"] and not any("redis" in a for a in container["args"])

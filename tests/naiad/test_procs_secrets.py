@@ -67,3 +67,17 @@ def test_a_child_is_in_its_own_session_so_a_terminals_ctrl_c_reaches_only_the_se
         assert os.getpgid(process.pid) != os.getpgid(0)
     finally:
         procs.stop(process)
+
+
+def test_a_worker_takes_its_redis_url_from_the_environment_as_kubernetes_gives_it(redis_url, tmp_path):
+    """``naiad k8s render`` puts the URL in ``NAIAD_REDIS_URL`` (infra/render.py), not on the
+    command line: a worker started so reaches Redis (its model is missing: it says so, exit 2),
+    and one without any URL refuses to start."""
+    args = [sys.executable, "-m", "naiad_cli", "worker", "--model", "absent", "--model-repository",
+            str(tmp_path), "--idle-timeout", "1"]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != procs.REDIS_URL_ENV}
+    given = subprocess.run(args, env={**env, procs.REDIS_URL_ENV: redis_url}, capture_output=True, text=True,
+                           timeout=60)  # fmt: skip
+    assert given.returncode == 2 and "cannot be served" in given.stderr, given.stderr[-2000:]
+    missing = subprocess.run(args, env=env, capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "--redis-url is required" in missing.stderr
