@@ -21,13 +21,23 @@ COMMAND_TIMEOUT_S = 2.0
 CONNECT_TIMEOUT_S = 1.0
 
 
+#: An argument longer than this (bytes: a tensor's data) or any memoryview sends its command
+#: through redis-py's own packer, which writes large values without copying them into one
+#: buffer: hiredis would copy each into the packed command, doubling a large request's memory.
+LARGE_ARG_BYTES = 64 * 1024
+
+
 class HiredisPacking:
     """Mixed into a redis-py asyncio connection class: :meth:`pack_command` by hiredis (one
-    buffer per command, as redis-py's synchronous client packs with hiredis). What hiredis
-    refuses (a bool, None, a dict) goes to redis-py's own packer, which raises its usual
+    buffer per command, as redis-py's synchronous client packs with hiredis), except for a
+    command carrying a large value (:data:`LARGE_ARG_BYTES`). What hiredis refuses (a bool,
+    None, a dict) goes to redis-py's own packer, which raises its usual
     :class:`redis.exceptions.DataError`."""
 
     def pack_command(self, *args: Any) -> list[bytes]:
+        for arg in args:
+            if type(arg) is memoryview or (type(arg) is bytes and len(arg) > LARGE_ARG_BYTES):
+                return super().pack_command(*args)  # type: ignore[misc]
         if isinstance(args[0], str):  # a command name with spaces ("CONFIG GET") goes as words
             args = (*args[0].encode().split(), *args[1:])
         elif b" " in args[0]:

@@ -10,7 +10,7 @@ import pytest
 from redis.asyncio.connection import Connection
 from redis.exceptions import DataError
 
-from naiad.redis_client import connect
+from naiad.redis_client import LARGE_ARG_BYTES, connect
 
 ARGS = [
     "", "é€", b"\x00\xff", 0, -3, 2**63, 2**64 - 1, -(2**63), 0.1, 1e300, -0.0, 1e-7, 100.0,
@@ -28,6 +28,14 @@ def test_packing_matches_redis_py_byte_for_byte():
         assert b"".join(ours.pack_command("SET", "k", arg)) == b"".join(theirs.pack_command("SET", "k", arg))
     commands = [("CONFIG GET", "maxmemory"), (b"XADD", "s", "*", "f", 1.5), ("EVAL", "return 1", 0)]
     assert b"".join(ours.pack_commands(commands)) == b"".join(theirs.pack_commands(commands))
+
+
+def test_a_large_value_is_not_copied_into_the_packed_command():
+    ours = connect("redis://127.0.0.1:1").connection_pool.make_connection()
+    data = bytes(LARGE_ARG_BYTES + 1)
+    packed = ours.pack_command("XADD", "s", "*", "d", data)
+    assert any(chunk is data for chunk in packed)  # sent as it is, after its length
+    assert b"".join(packed) == b"".join(Connection().pack_command("XADD", "s", "*", "d", data))
 
 
 @pytest.mark.parametrize("bad", [True, None, {"a": 1}, [1, 2]])
