@@ -299,11 +299,10 @@ async def _read(request: web.Request, limits: HttpLimits) -> bytes:
 
 def _buffered_body(request: web.Request, limits: HttpLimits) -> bytes | None:
     """The whole body when the connection already holds all of it (a small request arrives
-    with its head, in one segment), else None: then :func:`_read` reads it under its timers.
-    Nothing is consumed unless the whole body is there."""
+    with its head, in one segment: aiohttp's parser has seen its end), else None, nothing
+    read: then :func:`_read` reads it under its timers."""
     content = request.content
     declared = request.content_length
     if declared is None or declared > limits.max_body_bytes or not content.is_eof():
         return None
-    body = content.read_nowait(-1)
-    return body if content.at_eof() else None
+    return content.read_nowait(-1)  # every byte, the end seen: all of it is buffered
