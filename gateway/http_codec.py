@@ -37,15 +37,20 @@ MAX_DIMS = 64
 #: substring search: a regex costs 3x orjson's parse).
 _DIGITS = bytes(48 if 48 <= c <= 57 else 32 for c in range(256))
 _LONG_RUN = b"0" * 19
+#: A text with this many brackets may nest deeper than ``json.loads`` parses (it raises
+#: RecursionError near the interpreter's recursion limit, 1,000; orjson goes to 1,024, and
+#: code that walks a value that deep would fail later): it goes to ``json.loads``.
+MAX_ORJSON_BRACKETS = 512
 
 
 def loads(text: bytes) -> Any:
     """``json.loads(text)``, faster: orjson parses what is strict RFC 8259 JSON within its
     limits (most requests); the rest goes to ``json.loads``, so the values accepted and the
     errors raised are ``json.loads``'s own: what orjson refuses (``NaN``, lone surrogates,
-    nesting past 1,024 levels, malformed text) and any text with a 19-digit run (an integer
-    orjson would turn into a float)."""
-    if _LONG_RUN not in text.translate(_DIGITS):
+    malformed text), any text with a 19-digit run (an integer orjson would turn into a float)
+    and any with :data:`MAX_ORJSON_BRACKETS` brackets or more (nesting)."""
+    brackets = text.count(b"[") + text.count(b"{")
+    if brackets < MAX_ORJSON_BRACKETS and _LONG_RUN not in text.translate(_DIGITS):
         try:
             return orjson.loads(text)
         except orjson.JSONDecodeError:
@@ -55,11 +60,12 @@ def loads(text: bytes) -> Any:
 
 def dumps(value: Any) -> bytes:
     """``value`` as compact UTF-8 JSON (as Triton writes it: no spaces), by orjson; by
-    ``json.dumps`` what orjson cannot write (an integer past 64 bits)."""
+    ``json.dumps`` (ASCII, escapes) what orjson cannot write: an integer past 64 bits, a
+    string with a lone surrogate (a client's ``id`` may hold one)."""
     try:
         return orjson.dumps(value)
     except TypeError:
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+        return json.dumps(value, separators=(",", ":")).encode()
 
 
 def _parse_header(body: bytes, header_length: int | None) -> tuple[dict[str, Any], memoryview]:
@@ -138,10 +144,11 @@ def _numbers(data: Any, dtype: np.dtype) -> np.ndarray:
         return _big_integers(data, dtype)  # numpy parsed ints past int64 as float/object
     if values.size and values.dtype.kind not in _ACCEPTS[dtype.kind]:
         raise ValueError(f"JSON values of kind '{values.dtype}' are not {dtype}")
-    cast = values.astype(dtype)
-    if dtype.kind in "iu" and values.size and not np.array_equal(cast.astype(values.dtype), values):
-        raise ValueError(f"values out of range for {dtype}")
-    return cast
+    if dtype.kind in "iu" and values.size:  # by value: a cast back would hide a wrap-around
+        info = np.iinfo(dtype)
+        if int(values.min()) < info.min or int(values.max()) > info.max:
+            raise ValueError(f"values out of range for {dtype}")
+    return values.astype(dtype)
 
 
 #: Triton's message for an input with more than one source of data (HTTP server, 2.51).

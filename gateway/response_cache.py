@@ -41,7 +41,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from naiad import keys
-from naiad.codec import decode_tensors, encode_tensors
+from naiad.codec import decode_tensors, encode_tensors, pack_request_values
 from naiad.datatypes import to_bytes
 from naiad.errors import DeadlineExceeded, InferenceFailed, InvalidInput, error_from_name
 from naiad.inference import InferRequest, InferResponse, Tensor
@@ -154,7 +154,8 @@ class CacheTrace:
 
 
 def canonical_request(request: InferRequest) -> bytes:
-    """The msgpack encoding of everything in ``request`` that decides its outputs."""
+    """The msgpack encoding of everything in ``request`` that decides its outputs. Raises
+    :class:`InvalidInput` (400) for parameters msgpack cannot encode, as queueing does."""
     inputs = sorted(
         ([t.name, t.datatype, [int(d) for d in t.shape], to_bytes(t.data, t.datatype)]
          for t in request.inputs),
@@ -165,7 +166,7 @@ def canonical_request(request: InferRequest) -> bytes:
         ([name, value] for name, value in request.parameters.items() if name not in UNKEYED_PARAMETERS),
         key=lambda item: item[0],
     )
-    return msgpack.packb([KEY_FORMAT, request.model, request.version, inputs, outputs, parameters])
+    return pack_request_values([KEY_FORMAT, request.model, request.version, inputs, outputs, parameters])
 
 
 def request_digest(request: InferRequest) -> str:

@@ -130,9 +130,16 @@ def encode_request(
         header["rid"] = log_id
     if traceparent:
         header["tp"] = traceparent
+    return {HEADER: pack_request_values(header), DATA: raw}
+
+
+def pack_request_values(value: Any) -> bytes:
+    """msgpack of ``value``, which holds a client's request parameters (and ids). Raises
+    :class:`InvalidInput` for what msgpack cannot encode: an integer past 64 bits, a string
+    with a lone surrogate (JSON allows both)."""
     try:
-        return {HEADER: msgpack.packb(header), DATA: raw}
-    except (OverflowError, TypeError, ValueError) as exc:  # e.g. a parameter past 2**64
+        return msgpack.packb(value)
+    except (OverflowError, TypeError, ValueError) as exc:  # UnicodeEncodeError is a ValueError
         raise InvalidInput(f"request parameters cannot be encoded: {exc}") from None
 
 

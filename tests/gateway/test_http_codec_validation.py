@@ -321,3 +321,22 @@ def test_validation_follows_a_config_changed_in_place():
         validate_request(config, req(t("x", [4, 3])))
     config.input[0].dims[0] = 5
     validate_request(config, req(t("x", [2, 5])))
+
+
+OUT_OF_RANGE = [("INT64", 2**63), ("INT64", 2**64 - 1), ("UINT64", -1), ("UINT64", -(2**63)),
+                ("INT32", 2**31), ("UINT8", 256)]  # fmt: skip
+AT_THE_EDGES = [("INT64", 2**63 - 1), ("INT64", -(2**63)), ("UINT64", 2**64 - 1), ("UINT64", 2**63),
+                ("INT8", -128)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("datatype", "value"), OUT_OF_RANGE)
+def test_json_integers_out_of_range_are_refused_not_wrapped(datatype, value):
+    body = json.dumps({"inputs": [{"name": "x", "shape": [1], "datatype": datatype, "data": [value]}]})
+    with pytest.raises(InvalidInput, match="out of range|must be integers"):
+        parse_infer_request(body.encode(), None, "m", 1)
+
+
+@pytest.mark.parametrize(("datatype", "value"), AT_THE_EDGES)
+def test_json_integers_at_the_edges_of_their_range_are_kept(datatype, value):
+    body = json.dumps({"inputs": [{"name": "x", "shape": [1], "datatype": datatype, "data": [value]}]})
+    assert parse_infer_request(body.encode(), None, "m", 1).inputs[0].data.tolist() == [value]

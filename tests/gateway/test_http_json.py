@@ -42,12 +42,16 @@ def test_loads_refuses_what_json_refuses_with_its_error(text):
 def test_deep_nesting_is_jsons_recursion_error():
     with pytest.raises(RecursionError):
         loads(b"[" * 100_000 + b"]" * 100_000)
+    for depth in (985, 1000, 1023):  # orjson parses these; json does not, nor may code walk them
+        with pytest.raises(RecursionError):
+            loads(b'{"shape": ' + b"[" * depth + b"]" * depth + b"}")
 
 
 def test_dumps_is_compact_utf8_json_and_writes_any_integer():
     value = {"name": "é", "data": [1, 2.5, 2**64 - 1], "nested": {"ok": True, "none": None}}
     assert dumps(value) == json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
     assert json.loads(dumps({"n": 2**70})) == {"n": 2**70}  # past orjson's 64 bits
+    assert dumps({"id": "\ud800"}) == b'{"id":"\\ud800"}'  # a lone surrogate, escaped as json does
 
 
 def test_an_answer_round_trips_through_the_codec():

@@ -14,7 +14,7 @@ import pytest
 from gateway.http_codec import parse_infer_request
 from gateway.response_cache import CacheConfig, CacheTrace, ResponseCache, request_digest
 from naiad import keys
-from naiad.errors import DeadlineExceeded, InferenceFailed
+from naiad.errors import DeadlineExceeded, InferenceFailed, InvalidInput
 from naiad.inference import InferRequest, InferResponse, RequestedOutput, Tensor
 from naiad.redis_client import connect
 
@@ -262,3 +262,11 @@ def test_a_follower_never_waits_past_its_deadline(redis_url: str) -> None:
         await leader
 
     scenario(redis_url, body)
+
+
+@pytest.mark.parametrize("value", [2**64, "\ud800"])
+def test_parameters_msgpack_cannot_encode_are_a_400_as_when_queued(value):
+    """JSON allows both; msgpack refuses them: the same InvalidInput as queueing gives
+    (naiad.codec.pack_request_values), not a 500 from the cache's key."""
+    with pytest.raises(InvalidInput, match="request parameters cannot be encoded"):
+        request_digest(request(custom=value))

@@ -32,8 +32,12 @@ def test_tritons_thread_count_parameters_and_spinning_are_read():
     assert options.get_session_config_entry(SPINNING) == "1"
 
 
-@pytest.mark.parametrize(("key", "value"), [("intra_op_thread_count", "-1"), ("inter_op_thread_count", "two"),
-                                            (SPINNING, "yes")])  # fmt: skip
+BAD = [("intra_op_thread_count", "-1"), ("inter_op_thread_count", "two"),
+       ("intra_op_thread_count", "\u00b2"),  # isdigit(), yet not int()
+       ("intra_op_thread_count", "99999999999"), (SPINNING, "yes")]
+
+
+@pytest.mark.parametrize(("key", "value"), BAD)
 def test_a_bad_value_is_logged_and_the_default_kept(key, value, caplog):
     with caplog.at_level(logging.WARNING, logger="workers.backends.onnxruntime"):
         options = session_options(config({key: value}))

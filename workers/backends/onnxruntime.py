@@ -80,6 +80,8 @@ def _from_bf16_value(value: ort.OrtValue) -> np.ndarray:
 #: Triton's ONNX Runtime thread-count parameters and the SessionOptions field each sets.
 THREAD_PARAMETERS = {"intra_op_thread_count": "intra_op_num_threads",
                      "inter_op_thread_count": "inter_op_num_threads"}  # fmt: skip
+#: The most threads a thread-count parameter may ask for (a larger value is ignored).
+MAX_THREADS = 1024
 #: ONNX Runtime's session config key for spinning idle intra-op threads, and Naiad's default.
 SPINNING = "session.intra_op.allow_spinning"
 SPINNING_DEFAULT = "0"
@@ -93,16 +95,19 @@ def _parameter(config: mc.ModelConfig | None, key: str) -> str | None:
 
 def session_options(config: mc.ModelConfig | None = None) -> ort.SessionOptions:
     """ONNX Runtime options for ``config``'s model (module docstring). A thread count that
-    is not a non-negative integer, or a spinning value other than "0" or "1", is logged and
-    ignored (the default stays), as the PyTorch backend treats its thread counts."""
+    is not an integer in 0..:data:`MAX_THREADS` (ASCII digits), or a spinning value other
+    than "0" or "1", is logged and ignored (the default stays), as the PyTorch backend
+    treats its thread counts."""
     options = ort.SessionOptions()
     options.log_severity_level = 3
     for key, field in THREAD_PARAMETERS.items():
         value = _parameter(config, key)
-        if value is not None and not value.isdigit():
-            logger.warning("ignoring %s=%r: not a non-negative integer", key, value)
-        elif value is not None:
+        if value is None:
+            continue
+        if value.isascii() and value.isdigit() and int(value) <= MAX_THREADS:
             setattr(options, field, int(value))
+        else:
+            logger.warning("ignoring %s=%r: not an integer in 0..%d", key, value, MAX_THREADS)
     spinning = _parameter(config, SPINNING)
     if spinning is not None and spinning not in ("0", "1"):
         logger.warning("ignoring %s=%r: not 0 or 1", SPINNING, spinning)
