@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pytest
 
 from repository_store.config import parse_config
@@ -44,3 +45,25 @@ def test_a_bad_value_is_logged_and_the_default_kept(key, value, caplog):
     assert (options.intra_op_num_threads, options.inter_op_num_threads) == (0, 0)
     assert options.get_session_config_entry(SPINNING) == "0"
     assert f"ignoring {key}" in caplog.text
+
+
+def test_an_input_the_graph_refuses_is_the_requests_fault(tmp_path):
+    """ONNX Runtime's INVALID_ARGUMENT (a shape the config's -1 let through) is InvalidInput:
+    HTTP 400 / gRPC INVALID_ARGUMENT, as Triton's ONNX Runtime backend answers, not a 500."""
+    from onnx import TensorProto, helper, save  # noqa: PLC0415
+
+    from naiad.errors import InvalidInput  # noqa: PLC0415
+    from workers.backends.onnxruntime import OnnxRuntimeBackend  # noqa: PLC0415
+
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 2])],
+        [helper.make_tensor("w", TensorProto.FLOAT, [2, 2], [1.0, 0.0, 0.0, 1.0])],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    save(model, tmp_path / "m.onnx")
+    backend = OnnxRuntimeBackend(tmp_path / "m.onnx", "cpu")
+    assert backend.infer({"x": np.ones((1, 2), np.float32)}, [])["y"].tolist() == [[1.0, 1.0]]
+    with pytest.raises(InvalidInput, match="inference failed: .*INVALID_ARGUMENT"):
+        backend.infer({"x": np.ones((1, 3), np.float32)}, [])

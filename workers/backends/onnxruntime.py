@@ -26,6 +26,7 @@ import ml_dtypes
 import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto
+from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
 from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.errors import InvalidInput
@@ -132,7 +133,10 @@ class OnnxRuntimeBackend:
         if self.uses_bf16:
             return self._infer_ort_values(inputs, names)
         feed = {name: _to_ort(array) for name, array in inputs.items()}
-        results = self.session.run(names, feed)
+        try:
+            results = self.session.run(names, feed)
+        except InvalidArgument as exc:  # the request's fault: Triton answers INVALID_ARG (400)
+            raise InvalidInput(f"inference failed: {exc}") from None
         return dict(zip(names, results, strict=True))
 
     def _infer_ort_values(self, inputs: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
