@@ -39,6 +39,10 @@ logger = logging.getLogger(__name__)
 
 #: Seconds a load check may take before it is killed and the load fails.
 LOAD_CHECK_TIMEOUT_S = 300.0
+#: Children started for one check when they exit before reading their request.
+SPAWN_ATTEMPTS = 2
+#: The load check's command (:func:`workers.load_check.main`).
+LOAD_CHECK_COMMAND = (sys.executable, "-m", "workers.load_check")
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,7 @@ class LoadProbe:
     cache_dir: Path
     cache_max_bytes: int
     timeout_s: float = LOAD_CHECK_TIMEOUT_S
+    command: tuple[str, ...] = LOAD_CHECK_COMMAND
 
     async def __call__(self, entry: ModelEntry) -> str | None:
         """None when every version of ``entry`` loaded (or the check was skipped), else
@@ -69,14 +74,27 @@ class LoadProbe:
         return str(answer["error"])
 
     async def _run(self, entry: ModelEntry) -> tuple[dict | None, bytes, int]:
-        """The child's answer (None when it gave none), its stderr and exit status."""
+        """The child's answer (None when it gave none), its stderr and exit status. A child
+        gone before its request could be written (its stdin closed: seen under load with
+        gRPC's threads running while the gateway forks) says nothing about the model: a
+        second child is tried, and a second such loss is reported as a crash."""
         request = json.dumps({
             "entry": base64.b64encode(entry.to_bytes()).decode(), "repository": self.repository,
             "cache_dir": str(self.cache_dir), "cache_max_bytes": self.cache_max_bytes,
         }).encode()  # fmt: skip
+        for attempt in range(1, SPAWN_ATTEMPTS + 1):
+            try:
+                return await self._run_once(entry, request)
+            except _ChildLost as lost:
+                if attempt == SPAWN_ATTEMPTS:
+                    return None, str(lost).encode(), lost.code
+                logger.warning("load check of model '%s': %s; trying a new child", entry.name, lost)
+        raise AssertionError("unreachable")
+
+    async def _run_once(self, entry: ModelEntry, request: bytes) -> tuple[dict | None, bytes, int]:
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": "-1"}  # on the CPU: leave the GPUs to workers
         child = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "workers.load_check", env=env,
+            *self.command, env=env,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
         try:
@@ -84,6 +102,9 @@ class LoadProbe:
         except TimeoutError:
             return {"error": f"failed to load model '{entry.name}': the load did not finish within "
                              f"{self.timeout_s:g} s", "fault": True}, b"", -9  # fmt: skip
+        except (BrokenPipeError, ConnectionResetError, RuntimeError) as exc:  # uvloop: "handler is closed"
+            code = await child.wait()
+            raise _ChildLost(f"the child exited before reading its request ({exc})", code) from None
         finally:
             if child.returncode is None:  # timed out, or the caller was cancelled
                 with contextlib.suppress(ProcessLookupError):
@@ -95,3 +116,11 @@ class LoadProbe:
         except json.JSONDecodeError:
             answer = None
         return answer if isinstance(answer, dict) else None, err, child.returncode or 0
+
+
+class _ChildLost(Exception):
+    """A load-check child that closed its stdin before its request was written."""
+
+    def __init__(self, message: str, code: int):
+        super().__init__(message)
+        self.code = code

@@ -104,3 +104,41 @@ def test_a_backend_whose_framework_is_missing_here_is_skipped(repository, tmp_pa
     entry = index_model(open_store(str(repository)), "corrupt")
     settings = Settings(model_repository=str(repository), cache_dir=tmp_path / "cache", device="cpu")
     assert check_entry(entry, settings) == "backend 'onnxruntime' is not installed here"
+
+
+def test_a_child_gone_before_reading_its_request_is_a_crash_not_a_server_error(repository, tmp_path):
+    """A child that exits at once, its stdin closed (under load the gateway's write may then
+    meet a closed pipe: uvloop raises RuntimeError there), is tried twice and then reported
+    as a crashed load: an answer, never an exception out of the probe (was a 500)."""
+    from naiad import eventloop  # noqa: PLC0415 - the gateway's own loop (uvloop)
+
+    gone = (sys.executable, "-c", "import os; os.close(0); os._exit(3)")
+    probe = LoadProbe(str(repository), tmp_path / "cache", 1 << 30, 60.0, command=gone)
+    entry = index_model(open_store(str(repository)), "digits")
+    for _ in range(5):  # either order of the child's exit and the gateway's write
+        reason = eventloop.run(probe(entry))
+        assert reason is not None and "the load crashed (exit status 3)" in reason, reason
+
+
+def test_a_closed_pipe_at_the_first_write_is_retried_then_reported(repository, tmp_path, monkeypatch, caplog):
+    """The race the first test leaves to chance, forced: the gateway writes only after the
+    child has exited and the loop has seen its stdin close (uvloop then raises
+    RuntimeError "the handler is closed", the 500 seen under load): a second child is tried,
+    and its loss is reported as the crash."""
+    from naiad import eventloop  # noqa: PLC0415
+
+    communicate = asyncio.subprocess.Process.communicate
+
+    async def late(process, input=None):  # noqa: A002 - the stdlib's own parameter name
+        await process.wait()
+        await asyncio.sleep(0.05)
+        return await communicate(process, input)
+
+    monkeypatch.setattr(asyncio.subprocess.Process, "communicate", late)
+    gone = (sys.executable, "-c", "import os; os.close(0); os._exit(3)")
+    probe = LoadProbe(str(repository), tmp_path / "cache", 1 << 30, 60.0, command=gone)
+    with caplog.at_level("WARNING", logger="gateway.load_probe"):
+        reason = eventloop.run(probe(index_model(open_store(str(repository)), "digits")))
+    assert reason is not None and "the load crashed (exit status 3)" in reason, reason
+    assert "exited before reading its request" in reason
+    assert caplog.text.count("trying a new child") == 1
