@@ -141,8 +141,27 @@ def spawn_guarded(args: Sequence[str], remove_when_orphaned: str | None = None, 
     """Start the foreign program ``args`` under :mod:`naiad.guard` (see the module doc);
     ``remove_when_orphaned``: a folder the guard deletes if this process dies first.
     Safe from any thread; the child dies when the calling thread does."""
-    guard = [sys.executable, "-m", "naiad.guard", str(os.getpid()), remove_when_orphaned or "", *args]
-    return subprocess.Popen(guard, env=child_env(), **kwargs)
+    read_end, write_end = os.pipe()  # the guard's lifeline: EOF once this process is gone
+    guard = [sys.executable, "-m", "naiad.guard", str(os.getpid()), str(read_end), remove_when_orphaned or "",
+             *args]  # fmt: skip
+    try:
+        process = subprocess.Popen(guard, env=child_env(), pass_fds=(read_end,), **kwargs)
+    except BaseException:
+        os.close(write_end)
+        raise
+    finally:
+        os.close(read_end)
+    process.lifeline = write_end  # type: ignore[attr-defined]
+    return process
+
+
+def release_guard(process: subprocess.Popen) -> None:
+    """Before stopping a guard on purpose: close its lifeline (:mod:`naiad.guard`), so it
+    removes its folder at once instead of waiting for this process to die."""
+    fd = getattr(process, "lifeline", None)
+    if fd is not None:
+        process.lifeline = None  # type: ignore[attr-defined]
+        os.close(fd)
 
 
 def adopt_parent_death() -> None:

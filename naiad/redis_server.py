@@ -165,6 +165,7 @@ class EmbeddedRedis:
                         continue
                     logger.error("embedded redis-server exited with %s: restarting it", process.returncode)
                     _close_stderr(process)
+                    procs.release_guard(process)  # that guard has exited: its lifeline is done
                     self._launch()
                 self.restarts += 1
                 logger.warning("embedded redis-server is back (restart %d)", self.restarts)
@@ -175,6 +176,7 @@ class EmbeddedRedis:
 
     def _end_process(self) -> None:
         if self._process is not None:
+            procs.release_guard(self._process)
             procs.stop(self._process)
             _close_stderr(self._process)
             self._process = None
@@ -196,6 +198,7 @@ class EmbeddedRedis:
             if self._process is not None:
                 self._process.kill()
                 self._process.wait()
+                procs.release_guard(self._process)
                 _close_stderr(self._process)
                 self._process = None
 
