@@ -39,8 +39,6 @@ logger = logging.getLogger(__name__)
 
 #: Seconds a load check may take before it is killed and the load fails.
 LOAD_CHECK_TIMEOUT_S = 300.0
-#: Children started for one check when they exit before reading their request.
-SPAWN_ATTEMPTS = 2
 #: The load check's command (:func:`workers.load_check.main`).
 LOAD_CHECK_COMMAND = (sys.executable, "-m", "workers.load_check")
 
@@ -82,14 +80,14 @@ class LoadProbe:
             "entry": base64.b64encode(entry.to_bytes()).decode(), "repository": self.repository,
             "cache_dir": str(self.cache_dir), "cache_max_bytes": self.cache_max_bytes,
         }).encode()  # fmt: skip
-        for attempt in range(1, SPAWN_ATTEMPTS + 1):
-            try:
-                return await self._run_once(entry, request)
-            except _ChildLost as lost:
-                if attempt == SPAWN_ATTEMPTS:
-                    return None, str(lost).encode(), lost.code
-                logger.warning("load check of model '%s': %s; trying a new child", entry.name, lost)
-        raise AssertionError("unreachable")
+        try:
+            return await self._run_once(entry, request)
+        except _ChildLost as lost:
+            logger.warning("load check of model '%s': %s; trying a new child", entry.name, lost)
+        try:
+            return await self._run_once(entry, request)
+        except _ChildLost as lost:
+            return None, str(lost).encode(), lost.code
 
     async def _run_once(self, entry: ModelEntry, request: bytes) -> tuple[dict | None, bytes, int]:
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": "-1"}  # on the CPU: leave the GPUs to workers

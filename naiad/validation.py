@@ -11,6 +11,7 @@ which Triton validates the same way).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection
 from dataclasses import dataclass
 
@@ -55,21 +56,15 @@ class _Rules:
         return cls(config.name, config.max_batch_size, inputs, frozenset(o.name for o in config.output))
 
 
-#: Rules by the config's serialized bytes (a config changed in place gets new rules).
-_RULES: dict[bytes, _Rules] = {}
-#: Configs whose rules are kept at most (the oldest is dropped past it).
-MAX_CACHED_RULES = 1024
-
-
 def _rules(config: mc.ModelConfig) -> _Rules:
-    key = config.SerializeToString()
-    rules = _RULES.get(key)
-    if rules is None:
-        rules = _Rules.of(config)
-        if len(_RULES) >= MAX_CACHED_RULES:
-            del _RULES[next(iter(_RULES))]
-        _RULES[key] = rules
-    return rules
+    """The rules of ``config``, cached by its serialized bytes (a config changed in place
+    gets new rules)."""
+    return _rules_of(config.SerializeToString())
+
+
+@functools.lru_cache(maxsize=1024)
+def _rules_of(serialized: bytes) -> _Rules:
+    return _Rules.of(mc.ModelConfig.FromString(serialized))
 
 
 def _check_dims(tensor: Tensor, expected: list[int]) -> None:
