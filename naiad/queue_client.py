@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
 import uuid
@@ -94,6 +93,12 @@ return redis.call('XDEL', KEYS[1], ARGV[2])
 WITHDRAW_TIMEOUT_S = 2.0
 
 
+def _expire(future: asyncio.Future[Any]) -> None:
+    """A reply's deadline passed: its waiter gets TimeoutError (unless it was answered)."""
+    if not future.done():
+        future.set_exception(TimeoutError())
+
+
 class QueueDispatcher:
     """Sends requests through Redis and matches replies to waiting callers.
 
@@ -111,7 +116,6 @@ class QueueDispatcher:
         self._pending: dict[str, asyncio.Future[Reply]] = {}
         self._reader: asyncio.Task[None] | None = None
         self._closing = False
-        self._xadd = redis.register_script(BOUNDED_XADD)
         self._reject = redis.register_script(REJECT_UNCLAIMED)
         self._order = ReplyOrder()
         self._withdrawals: set[asyncio.Task[None]] = set()
@@ -155,12 +159,13 @@ class QueueDispatcher:
         future: asyncio.Future[Reply] = loop.create_future()
         self._pending[queue_id] = future
         slot = self._order.open(placement.stream) if placement.ordered else None
-        # shielded: a caller cancelled mid-XADD still learns the entry id, to withdraw it
-        enqueue = asyncio.ensure_future(self._enqueue(queue_id, request, timeout_s, placement))
+        entry_id: bytes | None = None
         try:
-            entry_id = await asyncio.shield(enqueue)
+            entry_id, live = await self._enqueue(queue_id, request, timeout_s, placement)
             entry_at = loop.time()
             deadline = entry_at + timeout_s
+            if live == 0:
+                await self._wake(request.model)
             if slot is not None:
                 self._order.place(slot, entry_id)
             reply = await self._await_reply(future, placement, entry_id, entry_at, deadline)
@@ -171,8 +176,8 @@ class QueueDispatcher:
             raise DeadlineExceeded(
                 f"request to model '{request.model}' timed out after {timeout_s:g} s"
             ) from None
-        except asyncio.CancelledError:
-            enqueue.add_done_callback(functools.partial(self._withdraw_queued, placement.stream))
+        except asyncio.CancelledError:  # before the entry id came back: _add_many withdraws it
+            self._withdraw(placement.stream, entry_id)
             raise
         finally:
             self._pending.pop(queue_id, None)
@@ -196,7 +201,11 @@ class QueueDispatcher:
             await asyncio.wait([future], timeout=max(reject_at - loop.time(), 0))
             if not future.done() and await self._reject_unclaimed(placement.stream, entry_id):
                 raise QueueTimeout("Request timeout expired")
-        return await asyncio.wait_for(future, deadline - loop.time())
+        timer = loop.call_at(deadline, _expire, future)  # no wait_for: no task, no waiter
+        try:
+            return await future
+        finally:
+            timer.cancel()
 
     async def _reject_unclaimed(self, stream: str, entry_id: bytes) -> bool:
         """Delete ``entry_id`` if no worker has claimed it (:data:`REJECT_UNCLAIMED`)."""
@@ -208,61 +217,70 @@ class QueueDispatcher:
 
     async def _enqueue(
         self, queue_id: str, request: InferRequest, timeout_s: float, placement: Placement
-    ) -> bytes:
+    ) -> tuple[bytes, int]:
+        """The bounded XADD of ``request`` (:data:`BOUNDED_XADD`): the new entry's id and the
+        model's live workers. Raises :class:`Overloaded` when the queue is full,
+        :class:`Unavailable` when Redis cannot be reached."""
         with tracing.span("naiad.enqueue", kind="producer"):
             now = time.time()
             fields = encode_request(
                 queue_id, request, self.reply_key, now + timeout_s, now,
                 traceparent=tracing.traceparent(), log_id=logs.REQUEST_ID.get(),
             )
-            return await self._send(request, fields, now, placement)
-
-    async def _send(
-        self, request: InferRequest, fields: dict[bytes, bytes], now: float, placement: Placement
-    ) -> bytes:
-        """The bounded XADD and the live-worker count in one round trip (:meth:`_add`: one
-        EVALSHA, or one pipeline shared with the enqueues made meanwhile); the new entry's id."""
-        stream, max_queue = placement.stream, placement.max_queue
-        args: list[bytes | int | float | str] = [max_queue, now, keys.WORKER_GROUP, placement.batch]
-        for name, value in fields.items():
-            args += [name, value]
-        try:
+            stream, max_queue = placement.stream, placement.max_queue
+            args: list[bytes | int | float | str] = [max_queue, now, keys.WORKER_GROUP, placement.batch]
+            for name, value in fields.items():
+                args += [name, value]
             added = await self._add([stream, keys.workers(request.model)], args)
-            if added is None:
-                level = f" at priority level {placement.level}" if placement.level else ""
-                raise Overloaded(f"Exceeds maximum queue size: the queue of model '{request.model}'"
-                                 f"{level} is full ({max_queue} requests)")  # fmt: skip
-            entry_id, live = added
-            if live == 0:
-                await self._wake(request.model)
-        except RedisError as exc:
-            raise Unavailable(f"queue unavailable: {exc}") from None
-        return entry_id
+        if added is None:
+            level = f" at priority level {placement.level}" if placement.level else ""
+            raise Overloaded(f"Exceeds maximum queue size: the queue of model '{request.model}'"
+                             f"{level} is full ({max_queue} requests)")  # fmt: skip
+        entry_id, live = added
+        return entry_id, live
 
     async def _add(self, script_keys: list[str], args: list[Any]) -> Any:
-        """:data:`BOUNDED_XADD`'s answer, group-committed: sent at once (EVALSHA) unless one
-        is in flight; those added meanwhile go in the next write, one pipeline of ``EVAL``
-        (a pipeline holding a registered script would first send SCRIPT EXISTS), in order.
-        Under load one round trip (one write, one wake-up of Redis) carries many enqueues."""
-        if self._adding:
-            future = asyncio.get_running_loop().create_future()
-            self._next_adds.append((script_keys, args, future))
-            return await future
-        self._adding = True
-        try:
-            return await self._xadd(keys=script_keys, args=args)
-        finally:
+        """:data:`BOUNDED_XADD`'s answer, group-committed: the enqueues made in one turn of
+        the loop, and those made while a write is in flight, go together in one pipeline of
+        ``EVAL`` (a pipeline holding a registered script would first send SCRIPT EXISTS), in
+        order: under load one round trip (one write, one wake-up of Redis) carries many.
+
+        No task or shield per request: a caller cancelled while its enqueue is in flight
+        leaves a cancelled future, and :meth:`_add_many` withdraws the entry it gets back."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._next_adds.append((script_keys, args, future))
+        if not self._adding:
             self._send_next_adds()
+        try:
+            return await future
+        except asyncio.CancelledError:  # its answer came, but the caller was cancelled first
+            if future.done() and not future.cancelled() and future.exception() is None:
+                result = future.result()
+                self._withdraw(script_keys[0], result[0] if result else None)
+            raise
+        except RedisError as exc:
+            raise Unavailable(f"queue unavailable: {exc}") from None
 
     def _send_next_adds(self) -> None:
-        """The write in flight is done: send what waits for the next one (or go idle)."""
+        """Send what waits for the next write (or go idle, when nothing does): a task that
+        takes the waiting enqueues when it first runs, so those of the same turn join."""
         self._adding = bool(self._next_adds)
         if self._adding:
-            adds, self._next_adds = self._next_adds, []
-            task = asyncio.get_running_loop().create_task(self._add_many(adds))
-            task.add_done_callback(lambda _: self._send_next_adds())
+            task = asyncio.get_running_loop().create_task(self._add_many())
+            task.add_done_callback(self._added)
 
-    async def _add_many(self, adds: list[tuple[list[str], list[Any], asyncio.Future[Any]]]) -> None:
+    def _added(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():  # the client is closing: nothing more is sent
+            for _, _, future in self._next_adds:
+                future.cancel()
+            self._next_adds = []
+        self._send_next_adds()
+
+    async def _add_many(self) -> None:
+        adds = [add for add in self._next_adds if not add[2].cancelled()]
+        self._next_adds = []
+        if not adds:
+            return
         try:
             async with self.redis.pipeline(transaction=False) as pipe:
                 for script_keys, args, _ in adds:
@@ -274,18 +292,14 @@ class QueueDispatcher:
             for _, _, future in adds:
                 future.cancel()
             raise
-        for (_, _, future), result in zip(adds, results, strict=True):
-            if future.done():
-                continue
-            if isinstance(result, Exception):
+        for (script_keys, _, future), result in zip(adds, results, strict=True):
+            if future.cancelled():  # its caller went away meanwhile: take the entry back
+                if isinstance(result, list) and result:
+                    self._withdraw(script_keys[0], result[0])
+            elif isinstance(result, Exception):
                 future.set_exception(result)
             else:
                 future.set_result(result)
-
-    def _withdraw_queued(self, stream: str, enqueue: asyncio.Future[bytes]) -> None:
-        """Done callback of a cancelled caller's enqueue: withdraw the entry if one was added."""
-        if not enqueue.cancelled() and enqueue.exception() is None:
-            self._withdraw(stream, enqueue.result())
 
     def _withdraw(self, stream: str, entry_id: bytes | None) -> None:
         """XACK + XDEL ``entry_id`` in the background (the caller is being cancelled, and a
@@ -311,11 +325,15 @@ class QueueDispatcher:
 
     async def _wake(self, model: str) -> None:
         """Ask the scaler for a worker. The list is capped (LTRIM): under KEDA no local
-        scaler pops it, and one wake per model is all a scaler needs anyway."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.rpush(keys.SCALER_WAKE, model)
-            pipe.ltrim(keys.SCALER_WAKE, -keys.SCALER_WAKE_MAX, -1)
-            await pipe.execute()
+        scaler pops it, and one wake per model is all a scaler needs anyway. Raises
+        :class:`Unavailable` when Redis cannot be reached."""
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.rpush(keys.SCALER_WAKE, model)
+                pipe.ltrim(keys.SCALER_WAKE, -keys.SCALER_WAKE_MAX, -1)
+                await pipe.execute()
+        except RedisError as exc:
+            raise Unavailable(f"queue unavailable: {exc}") from None
 
     async def _read_replies(self) -> None:
         backoff = 0.1

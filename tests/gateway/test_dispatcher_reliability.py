@@ -140,3 +140,32 @@ def test_cancelled_and_timed_out_requests_withdraw_their_entries(redis_url: str)
         assert queued.queue_id
 
     run(redis_url, scenario)
+
+
+def test_a_caller_cancelled_while_its_enqueue_is_in_flight_withdraws_the_entry(redis_url: str) -> None:
+    """No shield or task per request: the enqueue's future is cancelled with its caller, and
+    the group-committed write that still adds the entry takes it back when its answer comes.
+    ``CLIENT PAUSE WRITE`` holds the XADD script in Redis while the caller is cancelled."""
+
+    async def scenario(dispatcher: QueueDispatcher, redis) -> None:
+        await redis.execute_command("CLIENT", "PAUSE", 400, "WRITE")
+        caller = asyncio.create_task(dispatcher.infer(request(1), 10))
+        await asyncio.sleep(0.1)  # its pipeline is written and waits in Redis
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        for _ in range(300):  # unpaused after 0.4 s: the entry is added, then withdrawn
+            info = await redis.xinfo_stream(STREAM)
+            added = info["last-generated-id"] not in (b"0-0", "0-0")
+            if added and info["length"] == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert added and info["length"] == 0
+        assert not dispatcher._pending  # noqa: SLF001 - nothing left waiting
+        # the next request is served as usual
+        served = asyncio.create_task(dispatcher.infer(request(2), 10))
+        (queued,) = await claim(redis)
+        await redis.rpush(queued.reply_to, answer(queued.queue_id, 2.0))
+        assert (await served).outputs[0].data.tolist() == [[2.0]]
+
+    run(redis_url, scenario)
