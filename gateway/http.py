@@ -16,7 +16,7 @@ import asyncio
 import importlib.resources
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from http import HTTPStatus
 from typing import Any, TypeVar
 
@@ -68,15 +68,25 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             raise
         return error_response(exc.status, exc.reason)
     except Exception as exc:
-        known = as_naiad_error(exc)
-        if known is not None:
-            response = error_response(known.status, known.message)
-            response.headers.update(getattr(known, "headers", {}))
-            if getattr(known, "close_connection", False):  # a body left unread
-                response.force_close()
-            return response
-        logger.exception("unhandled error on %s %s", request.method, request.path)
-        return error_response(HTTPStatus.INTERNAL_SERVER_ERROR, "internal server error")
+        status, message, headers, close = error_answer(exc, request.method, request.path)
+        response = error_response(status, message)
+        response.headers.update(headers)
+        if close:  # a body left unread
+            response.force_close()
+        return response
+
+
+def error_answer(exc: Exception, method: str, path: str) -> tuple[int, str, dict[str, str], bool]:
+    """The answer to ``exc`` raised by a handler: ``(status, message, extra headers, close
+    the connection after it)``; an unexpected error is logged with its traceback and is a
+    generic 500 (:func:`naiad.errors.as_naiad_error`)."""
+    known = as_naiad_error(exc)
+    if known is None:
+        logger.error("unhandled error on %s %s", method, path, exc_info=exc)
+        return HTTPStatus.INTERNAL_SERVER_ERROR, "internal server error", {}, False
+    return known.status, known.message, dict(getattr(known, "headers", {})), bool(
+        getattr(known, "close_connection", False)
+    )
 
 
 def access_middleware(policy: AccessPolicy) -> Callable[..., Awaitable[web.StreamResponse]]:
@@ -140,8 +150,8 @@ async def model_statistics(request: web.Request) -> web.Response:
     return web.json_response(await _dp(request).model_statistics(name, version))
 
 
-def _header_length(request: web.Request) -> int | None:
-    raw = request.headers.get(HEADER_LENGTH)
+def _header_length(headers: Mapping[str, str]) -> int | None:
+    raw = headers.get(HEADER_LENGTH)
     if raw is None:
         return None
     if not (raw.isascii() and raw.isdigit() and len(raw) <= 18):
@@ -177,28 +187,42 @@ async def infer(request: web.Request) -> web.Response:
 
 
 async def _infer(request: web.Request) -> web.Response:
-    dp = _dp(request)
-    entry, version = await dp.route(*_model(request), request.headers.get(rollout.ROUTE_HEADER))
-    body = await read_body(request)
-    header_length = _header_length(request)
+    payload, headers = await answer_infer(
+        _dp(request), *_model(request), request.headers, lambda: read_body(request)
+    )
+    return web.Response(body=payload, headers=headers)
+
+
+async def answer_infer(
+    dp: DataPlane, name: str, version: str, headers: Mapping[str, str], read: Callable[[], Awaitable[bytes]]
+) -> tuple[bytes, dict[str, str]]:
+    """One inference over HTTP, whatever parsed it (aiohttp, or :mod:`gateway.http_fast`):
+    the model and version from the path, the request's ``headers`` (case-insensitive), and
+    ``read`` giving its body with any ``Content-Encoding`` undone, read after the model is
+    resolved. Returns the answer's body and headers (binary tensor extension; compressed
+    for an ``Accept-Encoding`` the server supports when large enough). Raises the data
+    plane's :class:`NaiadError` subclasses."""
+    entry, version_number = await dp.route(name, version, headers.get(rollout.ROUTE_HEADER))
+    body = await read()
+    header_length = _header_length(headers)
     if header_length == 0 and entry.config is not None:  # a Raw Binary Request
-        infer_request = parse_raw_request(body, entry.config, entry.name, version)
+        infer_request = parse_raw_request(body, entry.config, entry.name, version_number)
     else:
         infer_request = await _off_loop(
-            len(body), parse_infer_request, body, header_length, entry.name, version, dp.shared_memory
+            len(body), parse_infer_request, body, header_length, entry.name, version_number, dp.shared_memory
         )
     response = await dp.infer(infer_request)
-    payload, headers = render_infer_response(response, infer_request)
+    payload, answer_headers = render_infer_response(response, infer_request)
     # Inference-Header-Content-Length keeps counting uncompressed bytes: tritonclient
     # decompresses first, then splits (tritonclient/http/_infer_result.py).
-    accept = request.headers.get(hdrs.ACCEPT_ENCODING)
+    accept = headers.get(hdrs.ACCEPT_ENCODING)
     coding = accepted_coding(accept) if len(payload) >= COMPRESS_MIN_BYTES else None
     if coding is not None:
         payload = await _off_loop(len(payload), compress, payload, coding)
-        headers = {**headers, hdrs.CONTENT_ENCODING: coding}
+        answer_headers = {**answer_headers, hdrs.CONTENT_ENCODING: coding}
     if accept is not None:
-        headers = {**headers, hdrs.VARY: hdrs.ACCEPT_ENCODING}
-    return web.Response(body=payload, headers=headers)
+        answer_headers = {**answer_headers, hdrs.VARY: hdrs.ACCEPT_ENCODING}
+    return payload, answer_headers
 
 
 async def _json_object(request: web.Request) -> dict[str, Any]:

@@ -169,8 +169,14 @@ class _GuardedServer(web.Server):
 
     limits: HttpLimits
     header_timers: dict[RequestHandler, asyncio.TimerHandle]
+    #: Builds a connection's first protocol instead of :meth:`handler` (:mod:`gateway.http_fast`).
+    front: Callable[[_GuardedServer], asyncio.Protocol] | None = None
 
-    def __call__(self) -> RequestHandler:
+    def __call__(self) -> asyncio.Protocol:
+        return self.front(self) if self.front is not None else self.handler()
+
+    def handler(self) -> RequestHandler:
+        """aiohttp's handler of a connection (:class:`_Handler`)."""
         return _Handler(self, loop=self._loop, **self._kwargs)
 
     def connection_made(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
@@ -208,13 +214,20 @@ class _GuardedServer(web.Server):
 
 
 class LimitedAppRunner(web.AppRunner):
-    """``web.AppRunner`` serving ``app`` under ``limits`` (see the module doc)."""
+    """``web.AppRunner`` serving ``app`` under ``limits`` (see the module doc); ``front``,
+    when given, builds each connection's first protocol from the server (which keeps
+    counting it, timing its heads and shutting it down), and that protocol may hand the
+    connection to :meth:`_GuardedServer.handler`."""
 
-    def __init__(self, app: web.Application, limits: HttpLimits, **kwargs: Any):
+    def __init__(
+        self, app: web.Application, limits: HttpLimits,
+        front: Callable[[_GuardedServer], asyncio.Protocol] | None = None, **kwargs: Any,
+    ):  # fmt: skip
         kwargs.setdefault("keepalive_timeout", limits.keepalive_timeout_s)
         kwargs.setdefault("lingering_time", LINGER_S)
         super().__init__(app, **kwargs)
         self._limits = limits
+        self._front = front
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
@@ -222,6 +235,7 @@ class LimitedAppRunner(web.AppRunner):
         guarded: _GuardedServer = server  # type: ignore[assignment]
         guarded.limits = self._limits
         guarded.header_timers = {}
+        guarded.front = self._front
         make_request = server.request_factory
 
         def request_factory(message: Any, payload: Any, protocol: Any, writer: Any, task: Any) -> Any:

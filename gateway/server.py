@@ -22,6 +22,7 @@ from gateway.dataplane import DataPlane
 from gateway.grpc_limits import GrpcLimits
 from gateway.grpc_server import grpc_server
 from gateway.http import RUNNER_OPTIONS, create_app
+from gateway.http_fast import fast_front
 from gateway.http_limits import HttpLimits, LimitedAppRunner
 from gateway.limits import ByteBudget
 from gateway.liveness import RedisLiveness
@@ -45,7 +46,8 @@ async def _site(
 ) -> AsyncIterator[None]:
     """``app`` served on ``host:port`` under ``limits`` (connections, header and idle
     timeouts); on exit aiohttp closes the listening socket, then waits for in-flight
-    handlers (``shutdown_timeout`` in ``options``, default 60 s)."""
+    handlers (``shutdown_timeout`` in ``options``, default 60 s). ``front`` in ``options``:
+    each connection's first protocol (:class:`LimitedAppRunner`)."""
     runner = LimitedAppRunner(app, limits, access_log=None, **options)
     await runner.setup()
     try:
@@ -75,8 +77,10 @@ async def _endpoints(settings: Settings, dataplane: DataPlane, limits: HttpLimit
     http_access = AccessPolicy(settings.http_restricted_api, "--http-restricted-api")
     grpc_access = AccessPolicy(settings.grpc_restricted_protocol, "--grpc-restricted-protocol")
     app = create_app(dataplane, settings.http_max_body_bytes, http_access, limits)
+    front = fast_front(dataplane, limits, http_access) if settings.http_fast_infer else None
     http = _site(
-        app, settings.http_host, settings.http_port, limits, shutdown_timeout=grace, **RUNNER_OPTIONS
+        app, settings.http_host, settings.http_port, limits, shutdown_timeout=grace, front=front,
+        **RUNNER_OPTIONS,
     )
     rpc_limits = GrpcLimits(
         limits.budget, settings.grpc_max_message_bytes, settings.http_body_timeout_s,

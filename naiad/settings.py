@@ -216,6 +216,10 @@ class Settings(BaseSettings):
     """Seconds an idle keep-alive connection stays open between requests
     (``--http-keepalive-timeout``; gRPC: its ``max_connection_idle``)."""
 
+    http_fast_infer: bool = True
+    """Plain inference requests answered by the gateway's own HTTP/1.1 path
+    (:mod:`gateway.http_fast`, ``--http-fast-infer``); false: every request through aiohttp."""
+
     http_max_connections: int = Field(default=1024, ge=1)
     """Most HTTP connections open at once per port (``--http-max-connections``); one more is
     answered 503 and closed at once, so file descriptors last."""

@@ -99,6 +99,8 @@ GATEWAY_FLAGS = {
     "--http-body-timeout": ("http_body_timeout_s", float, "seconds a whole body (or gRPC message) may take"),
     "--http-keepalive-timeout": ("http_keepalive_timeout_s", float, "seconds an idle keep-alive "
                                  "connection stays open"),
+    "--http-fast-infer": ("http_fast_infer", _bool, "true or false: plain inference requests skip "
+                          "aiohttp's request machinery"),
     "--http-max-connections": ("http_max_connections", int, "most open HTTP connections per port; more: 503"),
     "--model-control-mode": ("model_control_mode", "none|poll|explicit", "none, poll or explicit"),
     "--repository-poll-secs": ("repository_poll_secs", float, "poll mode: seconds between re-indexings"),

@@ -1,0 +1,281 @@
+"""A plain inference request's own HTTP/1.1 path, in front of aiohttp.
+
+aiohttp's request machinery (a task, a request and a response object per request, the
+router, the middlewares) costs ~107 µs of CPU a request at c32 on the benchmark's 2-core VM,
+where a bare asyncio protocol costs ~34 (``bench/perf/http_front.py``,
+``bench/results/http_front.md``): a fifth of the gateway's whole cost, and the gateway is the
+bottleneck. :class:`FastFront` is therefore the first protocol of every connection of the
+HTTP port. It answers a request itself only when all of this holds:
+
+- the request's head and its whole body are in what has arrived (a small request comes in
+  one segment);
+- ``POST /v2/models/<name>[/versions/<n>]/infer HTTP/1.1``, no query, a name of ASCII
+  letters, digits, ``_``, ``.`` and ``-`` (nothing percent-encoded);
+- a well-formed head (RFC 9110 §5.1 token names, visible-ASCII values, no obs-fold) of at
+  most :data:`MAX_HEAD_BYTES` and :data:`MAX_HEADERS` lines, with one ``Content-Length`` no
+  larger than the body limit, and no ``Transfer-Encoding``, ``Content-Encoding``, ``Expect``
+  or ``Upgrade``.
+
+Any other request hands the connection, with every byte received so far, to aiohttp's handler
+(:class:`gateway.http_limits.LimitedAppRunner`'s) for the rest of its life, so it is
+answered exactly as before. A request taken here runs the aiohttp route's own code
+(:func:`gateway.http.answer_infer`), with its error answers (:func:`gateway.http.error_answer`),
+access check (``--http-restricted-api``) and limits: the gateway's in-flight bound
+(:meth:`gateway.dataplane.DataPlane.admit`), the shared byte budget (its body), the connection
+cap and header timer (the runner's server counts these connections as its own), the keep-alive
+timeout while idle. A client that disconnects cancels its request (withdrawn from its queue,
+as aiohttp's ``handler_cancellation``); a shutdown lets it finish within the grace period.
+Requests pipelined on one connection are answered in order, one at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from email.utils import formatdate
+from http import HTTPStatus
+from typing import Any
+
+from aiohttp.http import SERVER_SOFTWARE
+from multidict import CIMultiDict
+
+from gateway.access import INFERENCE, AccessPolicy
+from gateway.dataplane import DataPlane
+from gateway.http import answer_infer, error_answer
+from gateway.http_limits import HttpLimits
+
+logger = logging.getLogger(__name__)
+
+#: The request targets taken here: model name, then an optional version (decimal digits).
+INFER_TARGET = re.compile(rb"/v2/models/([A-Za-z0-9_.\-]+)(?:/versions/([0-9]{1,18}))?/infer")
+#: RFC 9110 §5.1: a field name is a token (§5.6.2).
+FIELD_NAME = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+#: Field values taken here: visible ASCII, single spaces or tabs inside (RFC 9110 §5.5).
+FIELD_VALUE = re.compile(rb"[\x21-\x7e]+(?:[ \t]+[\x21-\x7e]+)*")
+#: Longest request head taken here (bytes, request line to the last header line); aiohttp's
+#: own limit is 8190 bytes a line.
+MAX_HEAD_BYTES = 8190
+#: Most header lines taken here.
+MAX_HEADERS = 64
+#: Fields whose presence sends the request to aiohttp (framing, codings, interim answers).
+HANDED_OVER_FIELDS = ("Transfer-Encoding", "Content-Encoding", "Expect", "Upgrade")
+#: Bytes a connection may hold pipelined behind the request it is answering before it stops
+#: reading (TCP then pushes back on the client).
+MAX_PIPELINED_BYTES = 1024 * 1024
+#: The error body's content type, as ``aiohttp.web.json_response`` writes it.
+JSON_TYPE = "application/json; charset=utf-8"
+
+
+@dataclass(frozen=True)
+class Head:
+    """A request head taken here: the target's model and version ("" when none), the
+    fields (case-insensitive), the head's length in bytes with its blank line, the body's
+    length, and whether the client asked to close after the answer."""
+
+    model: str
+    version: str
+    headers: CIMultiDict[str]
+    length: int
+    body_length: int
+    close: bool
+
+
+def parse_head(buffer: bytes | bytearray, max_body_bytes: int) -> Head | None:
+    """The head at the start of ``buffer`` when this path takes it (module doc), else None:
+    incomplete, another request, or anything this parser does not accept."""
+    end = buffer.find(b"\r\n\r\n", 0, MAX_HEAD_BYTES + 4)
+    if end < 0:
+        return None
+    lines = bytes(buffer[:end]).split(b"\r\n")
+    parts = lines[0].split(b" ")
+    if len(parts) != 3 or parts[0] != b"POST" or parts[2] != b"HTTP/1.1" or len(lines) > MAX_HEADERS + 1:
+        return None
+    target = INFER_TARGET.fullmatch(parts[1])
+    if target is None:
+        return None
+    headers: CIMultiDict[str] = CIMultiDict()
+    for line in lines[1:]:
+        name, colon, value = line.partition(b":")
+        value = value.strip(b" \t")
+        if not colon or FIELD_NAME.fullmatch(name) is None:
+            return None
+        if value and FIELD_VALUE.fullmatch(value) is None:
+            return None
+        headers.add(name.decode("ascii"), value.decode("ascii"))
+    lengths = headers.getall("Content-Length", [])
+    if len(lengths) != 1 or not lengths[0].isdigit() or len(lengths[0]) > 18:
+        return None
+    if int(lengths[0]) > max_body_bytes or any(name in headers for name in HANDED_OVER_FIELDS):
+        return None
+    tokens = {token.strip().lower() for token in headers.get("Connection", "").split(",")}
+    model, version = target.group(1).decode("ascii"), (target.group(2) or b"").decode("ascii")
+    return Head(model, version, headers, end + 4, int(lengths[0]), "close" in tokens)
+
+
+_date: tuple[int, bytes] = (0, b"")
+
+
+def http_date() -> bytes:
+    """RFC 9110 §6.6.1 ``Date`` value of now (IMF-fixdate), formatted once a second."""
+    global _date
+    now = int(time.time())
+    if _date[0] != now:
+        _date = (now, formatdate(now, usegmt=True).encode("ascii"))
+    return _date[1]
+
+
+def render_answer(status: int, headers: dict[str, str], payload: bytes, close: bool) -> bytes:
+    """One HTTP/1.1 answer: status line, ``headers``, ``Content-Length``, ``Date``,
+    ``Server`` (aiohttp's), ``Connection: close`` when ``close``, then ``payload``."""
+    lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}"]
+    lines += [f"{name}: {value}" for name, value in headers.items()]
+    lines.append(f"Content-Length: {len(payload)}")
+    head = "\r\n".join(lines).encode("latin-1") + b"\r\nDate: " + http_date() + b"\r\nServer: "
+    head += SERVER_SOFTWARE.encode("latin-1") + (b"\r\nConnection: close" if close else b"") + b"\r\n\r\n"
+    return head + payload
+
+
+async def _given(body: bytes) -> bytes:
+    return body
+
+
+class FastFront(asyncio.Protocol):
+    """One HTTP connection's first protocol (module doc). ``server`` is the runner's
+    :class:`aiohttp.web.Server` (it counts this connection, arms its header timer and shuts
+    it down); its ``handler()`` builds aiohttp's handler that takes the connection over."""
+
+    _task_handler = None  # read by aiohttp's Server.connection_lost: no aiohttp task here
+
+    def __init__(self, server: Any, dataplane: DataPlane, limits: HttpLimits, access: AccessPolicy | None):
+        self._server, self._make_handler = server, server.handler
+        self._dataplane, self._limits, self._access = dataplane, limits, access
+        self._loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self._buffer = bytearray()
+        self._task: asyncio.Task[None] | None = None
+        self._idle: asyncio.TimerHandle | None = None
+        self._closing = False  # the server is shutting down: no new request
+        self._paused = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self._server.connection_made(self, transport)  # the connection cap, the header timer
+
+    def data_received(self, data: bytes) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+        if not self._buffer and self._task is None and self.transport is not None:
+            self._server.arm_header_timer(self, self.transport)  # a request's head begins
+        self._buffer += data
+        if self._task is None:
+            self._take()
+        elif len(self._buffer) > MAX_PIPELINED_BYTES and self.transport is not None:
+            self.transport.pause_reading()
+            self._paused = True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._task is not None:
+            self._task.cancel()  # the client went away: its request is withdrawn
+        if self._idle is not None:
+            self._idle.cancel()
+        self.transport = None
+        self._server.connection_lost(self, exc)
+
+    def _take(self) -> None:
+        """Answer the request at the buffer's start here, or hand the connection over."""
+        if self.transport is None or self.transport.is_closing():
+            return
+        if self._closing:
+            self.transport.close()
+            return
+        if not self._buffer:
+            self._idle = self._loop.call_later(self._limits.keepalive_timeout_s, self.transport.close)
+            return
+        head = parse_head(self._buffer, self._limits.max_body_bytes)
+        if head is None or len(self._buffer) < head.length + head.body_length:
+            self._hand_over()
+            return
+        self._server.headers_received(self)
+        end = head.length + head.body_length
+        body = bytes(self._buffer[head.length : end])
+        del self._buffer[:end]
+        self._task = self._loop.create_task(self._answer(head, body))
+        self._task.add_done_callback(self._answered)
+
+    async def _answer(self, head: Head, body: bytes) -> None:
+        dataplane = self._dataplane
+        try:
+            if self._access:
+                self._access.check(INFERENCE, head.headers)
+            with dataplane.admit(), self._limits.budget.reservation() as reservation:
+                reservation.add(len(body))
+                payload, headers = await answer_infer(dataplane, head.model, head.version, head.headers,
+                                                      lambda: _given(body))  # fmt: skip
+            status, close = 200, head.close
+        except Exception as exc:
+            path = f"/v2/models/{head.model}{f'/versions/{head.version}' if head.version else ''}/infer"
+            status, message, extra, close = error_answer(exc, "POST", path)
+            payload = json.dumps({"error": message}).encode()
+            headers, close = {"Content-Type": JSON_TYPE, **extra}, close or head.close
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(render_answer(status, headers, payload, close or self._closing))
+            if close or self._closing:
+                self.transport.close()
+
+    def _answered(self, task: asyncio.Task[None]) -> None:
+        self._task = None
+        if self._paused and self.transport is not None:
+            self.transport.resume_reading()
+            self._paused = False
+        self._take()
+
+    def _hand_over(self) -> None:
+        """aiohttp's handler takes the connection, with the bytes received so far."""
+        transport, data = self.transport, bytes(self._buffer)
+        self._buffer.clear()
+        self._server.connection_lost(self, None)  # forgotten here, counted again as the handler
+        self.transport = None
+        if transport is None or transport.is_closing():
+            return
+        logger.debug("a connection from %s goes to aiohttp", transport.get_extra_info("peername"))
+        handler = self._make_handler()
+        transport.set_protocol(handler)
+        handler.connection_made(transport)
+        if self._paused:
+            transport.resume_reading()
+        if data:
+            handler.data_received(data)
+
+    def close(self) -> None:
+        """The server stops (aiohttp's ``pre_shutdown``): an idle connection closes now, a
+        busy one after its answer."""
+        self._closing = True
+        if self._task is None and self.transport is not None:
+            self.transport.close()
+
+    async def shutdown(self, timeout: float | None = None) -> None:
+        """aiohttp's ``Server.shutdown``: the request in flight gets ``timeout`` seconds to be
+        answered, then is cancelled; the connection closes."""
+        self._closing = True
+        task = self._task
+        if task is not None:
+            await asyncio.wait([task], timeout=timeout)
+            if not task.done():
+                task.cancel()
+                await asyncio.wait([task], timeout=1.0)
+        if self.transport is not None:
+            self.transport.close()
+
+
+def fast_front(
+    dataplane: DataPlane, limits: HttpLimits, access: AccessPolicy | None = None
+) -> Callable[[Any], FastFront]:
+    """The ``front`` of :class:`gateway.http_limits.LimitedAppRunner`: a :class:`FastFront`
+    per connection, answering with ``dataplane`` under ``limits`` and ``access``."""
+    return lambda server: FastFront(server, dataplane, limits, access)

@@ -1,0 +1,173 @@
+"""The plain inference request's own HTTP/1.1 path (``gateway/http_fast.py``).
+
+Which heads it takes (the rest go to aiohttp), and on a real ``naiad serve`` with the example
+``digits`` model: the same request answered by this path (head and body in one segment) and
+by aiohttp (head and body sent apart, so the connection is handed over) gets the same status,
+body and headers; pipelined requests, taken and handed over, are answered in order; an idle
+connection closes after the keep-alive timeout; ``Connection: close`` is honoured; the
+hand-over shows at DEBUG."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import numpy as np
+import pytest
+from naiad_harness import run_server
+
+from gateway.http_fast import MAX_HEADERS, parse_head
+
+DATA = b",".join([b"0.5"] * 64)
+BODY = b'{"inputs":[{"name":"input","shape":[1,64],"datatype":"FP32","data":[' + DATA + b"]}]}"
+
+
+def head(target: bytes = b"/v2/models/digits/infer", extra: bytes = b"", method: bytes = b"POST",
+         version: bytes = b"HTTP/1.1", length: int = len(BODY)) -> bytes:  # fmt: skip
+    return (method + b" " + target + b" " + version + b"\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + extra + b"Content-Length: %d\r\n\r\n" % length)  # fmt: skip
+
+
+def test_a_plain_inference_head_is_taken_with_its_model_version_and_fields() -> None:
+    raw = head(b"/v2/models/my_model-2.b/versions/3/infer", b"X-Naiad-Route: k\r\n")
+    taken = parse_head(raw + BODY, 2**20)
+    assert taken is not None
+    assert (taken.model, taken.version, taken.body_length) == ("my_model-2.b", "3", len(BODY))
+    assert taken.headers["x-naiad-route"] == "k" and taken.length == len(raw) and not taken.close
+    assert parse_head(head(extra=b"Connection: keep-alive, Close\r\n"), 2**20).close
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        head(method=b"GET"),
+        head(version=b"HTTP/1.0"),
+        head(b"/v2/models/digits/infer?x=1"),
+        head(b"/v2/models/dig%69ts/infer"),
+        head(b"/v2/models/digits/versions/x/infer"),
+        head(b"/v2/models/digits"),
+        head(b"//v2/models/digits/infer"),
+        head(extra=b"Transfer-Encoding: chunked\r\n"),
+        head(extra=b"Content-Encoding: gzip\r\n"),
+        head(extra=b"Expect: 100-continue\r\n"),
+        head(extra=b"Upgrade: h2c\r\n"),
+        head(extra=b"Content-Length: 5\r\n"),  # two lengths
+        head(extra=b"X-Folded: a\r\n b\r\n"),  # obs-fold
+        head(extra=b"Bad Name: x\r\n"),
+        head(extra=b"X-Bad: caf\xc3\xa9\r\n"),
+        head(extra=b"NoColon\r\n"),
+        head(extra=b"X: y\r\n" * MAX_HEADERS),
+        head(length=2**20 + 1),
+        b"POST /v2/models/digits/infer HTTP/1.1\r\nContent-Length: +5\r\n\r\n",
+        b"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\n\r\n",  # no Content-Length
+        head()[:-2],  # the head has not ended
+    ],
+)
+def test_any_other_head_is_left_to_aiohttp(raw: bytes) -> None:
+    assert parse_head(raw + BODY, 2**20) is None
+
+
+def exchange(port: int, *parts: bytes, pause_s: float = 0.0, answers: int = 1, timeout_s: float = 30) -> list:
+    """Send ``parts`` on one connection (``pause_s`` between them) and read ``answers``
+    answers: ``(status, headers {lower name: value}, body)`` each."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
+        for index, part in enumerate(parts):
+            if index and pause_s:
+                time.sleep(pause_s)
+            sock.sendall(part)
+        return read_answers(sock, answers)
+
+
+def read_answers(sock: socket.socket, count: int) -> list:
+    data, found = b"", []
+    while len(found) < count:
+        end = data.find(b"\r\n\r\n")
+        if end >= 0:
+            lines = data[:end].decode("latin-1").split("\r\n")
+            pairs = (line.partition(":") for line in lines[1:])
+            fields = {name.lower(): value.strip() for name, _, value in pairs}
+            size = int(fields["content-length"])
+            if len(data) >= end + 4 + size:
+                found.append((int(lines[0].split()[1]), fields, data[end + 4 : end + 4 + size]))
+                data = data[end + 4 + size :]
+                continue
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError(f"closed after {len(found)} answers")
+        data += chunk
+    return found
+
+
+CASES = {
+    "json": (b"/v2/models/digits/infer", BODY, b""),
+    "version": (b"/v2/models/digits/versions/1/infer", BODY, b""),
+    "unknown model": (b"/v2/models/nope/infer", BODY, b""),
+    "unknown version": (b"/v2/models/digits/versions/9/infer", BODY, b""),
+    "bad json": (b"/v2/models/digits/infer", b"{nope", b""),
+    "wrong shape": (b"/v2/models/digits/infer", BODY.replace(b"[1,64]", b"[1,63]"), b""),
+    "gzip accepted": (b"/v2/models/digits/infer", BODY, b"Accept-Encoding: gzip\r\n"),
+    "binary output": (
+        b"/v2/models/digits/infer",
+        BODY[:-1] + b',"outputs":[{"name":"label","parameters":{"binary_data":true}}]}',
+        b"",
+    ),
+}
+COMPARED = ("content-type", "content-length", "vary", "content-encoding", "inference-header-content-length")
+
+
+@pytest.fixture(scope="module")
+def server(example_repository, tmp_path_factory):
+    work = tmp_path_factory.mktemp("fast")
+    args = ["--log-verbose", "1", "--http-keepalive-timeout", "1"]
+    with run_server(example_repository, work, extra_args=args) as running:
+        yield running
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_this_path_and_aiohttp_answer_a_request_alike(server, case: str) -> None:
+    target, body, extra = CASES[case]
+    raw_head = head(target, extra, length=len(body))
+    before = server.log().count("goes to aiohttp")
+    [fast] = exchange(server.http_port, raw_head + body)
+    assert server.log().count("goes to aiohttp") == before  # taken here
+    [slow] = exchange(server.http_port, raw_head, body, pause_s=0.2)  # the head alone: handed over
+    assert server.log().count("goes to aiohttp") == before + 1
+    assert fast[0] == slow[0] and fast[2] == slow[2], (fast, slow)
+    assert {k: fast[1].get(k) for k in COMPARED} == {k: slow[1].get(k) for k in COMPARED}
+    if fast[0] != 200:
+        assert "error" in json.loads(fast[2])
+    elif case == "json":
+        outputs = {o["name"]: o for o in json.loads(fast[2])["outputs"]}
+        assert np.isclose(sum(outputs["probabilities"]["data"]), 1.0, atol=1e-4)
+
+
+def test_pipelined_requests_are_answered_in_order_taken_or_handed_over(server) -> None:
+    unknown = head(b"/v2/models/nope/infer") + BODY
+    metadata = b"GET /v2/models/digits HTTP/1.1\r\nHost: x\r\n\r\n"
+    answers = exchange(server.http_port, head() + BODY + unknown + metadata + head() + BODY, answers=4)
+    assert [status for status, _, _ in answers] == [200, 404, 200, 200]
+    assert json.loads(answers[2][2])["name"] == "digits"
+    assert json.loads(answers[3][2])["model_name"] == "digits"
+
+
+def test_connection_close_and_the_keepalive_timeout_end_the_connection(server) -> None:
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=30) as sock:
+        sock.sendall(head(extra=b"Connection: close\r\n") + BODY)
+        [(status, fields, _)] = read_answers(sock, 1)
+        assert status == 200 and fields["connection"] == "close"
+        assert sock.recv(100) == b""  # closed by the server
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=30) as sock:
+        sock.sendall(head() + BODY)
+        assert read_answers(sock, 1)[0][0] == 200
+        started = time.monotonic()
+        assert sock.recv(100) == b""  # idle past --http-keepalive-timeout 1
+        assert 0.5 < time.monotonic() - started < 10
+
+
+def test_the_path_can_be_turned_off(example_repository, tmp_path) -> None:
+    args = ["--log-verbose", "1", "--http-fast-infer", "false"]
+    with run_server(example_repository, tmp_path / "off", extra_args=args) as off:
+        [(status, _, body)] = exchange(off.http_port, head() + BODY)
+        assert status == 200 and json.loads(body)["model_name"] == "digits"
+        assert "goes to aiohttp" not in off.log()  # aiohttp's handler from the start
