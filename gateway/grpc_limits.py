@@ -24,6 +24,7 @@ bounded by the largest message size, and its requests by the gateway's ``--max-i
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,10 @@ from google.protobuf.message import DecodeError
 
 from gateway.limits import ByteBudget
 from naiad.errors import InvalidInput, RequestTimeout
+
+#: Wrapped method handlers an interceptor keeps (the service has 20 methods; grpc hands the
+#: same handler to every call of one; a refused call's handler is new each time and ages out).
+HANDLERS_CACHED = 128
 
 #: Seconds a call's message may take to be there before the call counts as reading a
 #: message of the largest size (a small request arrives in the same packets as its headers).
@@ -65,6 +70,7 @@ class LimitsInterceptor(grpc.aio.ServerInterceptor):
 
     def __init__(self, limits: GrpcLimits):
         self._limits = limits
+        self._reading = functools.lru_cache(maxsize=HANDLERS_CACHED)(self._reading_handler)
 
     async def intercept_service(
         self,
@@ -74,6 +80,10 @@ class LimitsInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None or handler.request_streaming or handler.response_streaming:
             return handler  # the service's only streaming method is ModelStreamInfer
+        return self._reading(handler)
+
+    def _reading_handler(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        """``handler`` made request-streaming (:func:`_reading`), once per method handler."""
         behavior = _reading(handler.unary_unary, handler.request_deserializer, self._limits)
         return handler._replace(
             request_streaming=True, request_deserializer=None, unary_unary=None, stream_unary=behavior

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -34,7 +35,7 @@ from gateway.grpc_codec import (
     to_server_metadata,
     to_shared_memory_status,
 )
-from gateway.grpc_limits import GrpcLimits, LimitsInterceptor
+from gateway.grpc_limits import HANDLERS_CACHED, GrpcLimits, LimitsInterceptor
 from gateway.shared_memory import shared_memory_outputs, unsupported_cuda
 from naiad import rollout
 from naiad.errors import GRPC_CODES, InvalidInput, ModelNotFound, Unauthenticated, Unsupported, as_naiad_error
@@ -119,16 +120,23 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None:  # unknown method: grpc answers UNIMPLEMENTED itself
             return handler
-        kind = (
-            ("stream" if handler.request_streaming else "unary")
-            + "_"
-            + ("stream" if handler.response_streaming else "unary")
-        )
-        guarded = _guard(getattr(handler, kind), handler_call_details.method)
-        if handler.request_streaming:  # a bad message in a stream: grpc's own UNKNOWN
-            return handler._replace(**{kind: guarded})
-        tolerant = _tolerant(handler.request_deserializer)
-        return handler._replace(request_deserializer=tolerant, **{kind: guarded})
+        return _guarded(handler, handler_call_details.method)
+
+
+@functools.lru_cache(maxsize=HANDLERS_CACHED)
+def _guarded(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+    """``handler`` with :func:`_guard` around its behavior, built once per method handler
+    (grpc hands the same handler to every call of a method)."""
+    kind = (
+        ("stream" if handler.request_streaming else "unary")
+        + "_"
+        + ("stream" if handler.response_streaming else "unary")
+    )
+    guarded = _guard(getattr(handler, kind), method)
+    if handler.request_streaming:  # a bad message in a stream: grpc's own UNKNOWN
+        return handler._replace(**{kind: guarded})
+    tolerant = _tolerant(handler.request_deserializer)
+    return handler._replace(request_deserializer=tolerant, **{kind: guarded})
 
 
 class AccessInterceptor(grpc.aio.ServerInterceptor):

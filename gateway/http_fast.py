@@ -67,6 +67,9 @@ HANDED_OVER_FIELDS = ("Transfer-Encoding", "Content-Encoding", "Expect", "Upgrad
 #: Bytes a connection may hold pipelined behind the request it is answering before it stops
 #: reading (TCP then pushes back on the client).
 MAX_PIPELINED_BYTES = 1024 * 1024
+#: Status codes with a reason phrase (RFC 9110 §15); another code is written without one.
+PHRASES = frozenset(HTTPStatus)
+SERVER_SOFTWARE_BYTES = SERVER_SOFTWARE.encode("latin-1")
 #: The error body's content type, as ``aiohttp.web.json_response`` writes it.
 JSON_TYPE = "application/json; charset=utf-8"
 
@@ -129,15 +132,14 @@ def http_date() -> bytes:
     return _date[1]
 
 
-def render_answer(status: int, headers: dict[str, str], payload: bytes, close: bool) -> bytes:
-    """One HTTP/1.1 answer: status line, ``headers``, ``Content-Length``, ``Date``,
-    ``Server`` (aiohttp's), ``Connection: close`` when ``close``, then ``payload``."""
-    lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}"]
-    lines += [f"{name}: {value}" for name, value in headers.items()]
-    lines.append(f"Content-Length: {len(payload)}")
+def answer_head(status: int, headers: dict[str, str], length: int, close: bool) -> bytes:
+    """One HTTP/1.1 answer's head: status line, ``headers``, ``Content-Length: length``,
+    ``Date``, ``Server`` (aiohttp's), ``Connection: close`` when ``close``, blank line."""
+    phrase = HTTPStatus(status).phrase if status in PHRASES else ""
+    lines = [f"HTTP/1.1 {status} {phrase}", *(f"{name}: {value}" for name, value in headers.items())]
+    lines.append(f"Content-Length: {length}")
     head = "\r\n".join(lines).encode("latin-1") + b"\r\nDate: " + http_date() + b"\r\nServer: "
-    head += SERVER_SOFTWARE.encode("latin-1") + (b"\r\nConnection: close" if close else b"") + b"\r\n\r\n"
-    return head + payload
+    return head + SERVER_SOFTWARE_BYTES + (b"\r\nConnection: close" if close else b"") + b"\r\n\r\n"
 
 
 async def _given(body: bytes) -> bytes:
@@ -223,10 +225,11 @@ class FastFront(asyncio.Protocol):
             status, message, extra, close = error_answer(exc, "POST", path)
             payload = json.dumps({"error": message}).encode()
             headers, close = {"Content-Type": JSON_TYPE, **extra}, close or head.close
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(render_answer(status, headers, payload, close or self._closing))
-            if close or self._closing:
-                self.transport.close()
+        transport, close = self.transport, close or self._closing
+        if transport is not None and not transport.is_closing():
+            transport.writelines((answer_head(status, headers, len(payload), close), payload))
+            if close:
+                transport.close()
 
     def _answered(self, task: asyncio.Task[None]) -> None:
         self._task = None
