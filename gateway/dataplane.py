@@ -290,8 +290,10 @@ class DataPlane:
         """:meth:`_infer` with the request's log context (request id: the client's ``id``, or
         a fresh one) and, when tracing is on, the ``naiad.infer`` span around it."""
         request_id = request.id or fresh_id()
-        attributes = {"naiad.model": request.model, "naiad.version": request.version,
-                      "naiad.request_id": request_id}
+        attributes = (
+            {"naiad.model": request.model, "naiad.version": request.version, "naiad.request_id": request_id}
+            if tracing.enabled() else None
+        )  # fmt: skip
         started_ns = time.perf_counter_ns()
         with logs.request_context(request_id, request.model, request.version), \
                 tracing.span("naiad.infer", attributes, kind="server"):
@@ -302,7 +304,8 @@ class DataPlane:
             except Exception as exc:
                 logger.debug("infer failed: %s", exc)
                 raise
-            logger.debug("infer done in %.2f ms", (time.perf_counter_ns() - started_ns) / 1e6)
+            if logger.isEnabledFor(logging.DEBUG):
+                logger.debug("infer done in %.2f ms", (time.perf_counter_ns() - started_ns) / 1e6)
             return response
 
     async def _infer(self, request: InferRequest) -> InferResponse:
@@ -345,14 +348,18 @@ class DataPlane:
         the request's own timeout), recording its outcome (:class:`ModelClient`): a client's
         request, or one step of an ensemble (:mod:`gateway.ensemble`), which counts as a
         request of its model."""
-        trace = CacheTrace()
+        if self.cache is None or not entry.config.response_cache.enable:
+            answer, cache_counters = self._run, None  # no cache: no trace, no closures
+        else:
+            cache, trace = self.cache, CacheTrace()
 
-        async def answer(entry: ModelEntry, request: InferRequest, timeout_s: float) -> InferResponse:
-            return await self._answer(entry, request, timeout_s, trace)
+            async def answer(entry: ModelEntry, request: InferRequest, timeout_s: float) -> InferResponse:
+                run = functools.partial(self._run, entry, request)
+                return await cache.infer(request, timeout_s, run, trace)
 
-        def cache_counters(pipe: Pipeline) -> None:
-            if trace.used:
-                stats.add_cache(pipe, request.model, request.version, trace.hit, trace.ns)
+            def cache_counters(pipe: Pipeline) -> None:
+                if trace.used:
+                    stats.add_cache(pipe, request.model, request.version, trace.hit, trace.ns)
 
         try:
             response = await self.client.infer(entry, request, timeout_s, answer, cache_counters)
@@ -363,16 +370,6 @@ class DataPlane:
             raise
         self.rollouts.observe(entry, request.version, None)
         return response
-
-    async def _answer(
-        self, entry: ModelEntry, request: InferRequest, timeout_s: float, trace: CacheTrace
-    ) -> InferResponse:
-        """From the response cache when the model opts in (Triton's ``response_cache``) and
-        the server has one, else from a worker."""
-        if self.cache is None or not entry.config.response_cache.enable:
-            return await self._run(entry, request, timeout_s)
-        run = functools.partial(self._run, entry, request)
-        return await self.cache.infer(request, timeout_s, run, trace)
 
     async def _run(self, entry: ModelEntry, request: InferRequest, timeout_s: float) -> InferResponse:
         if is_ensemble(entry.config):  # steps through their models' queues (gateway/ensemble.py)

@@ -34,6 +34,7 @@ import asyncio
 import json
 import logging
 import re
+import string
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,12 +52,13 @@ from gateway.http_limits import HttpLimits
 
 logger = logging.getLogger(__name__)
 
-#: The request targets taken here: model name, then an optional version (decimal digits).
-INFER_TARGET = re.compile(rb"/v2/models/([A-Za-z0-9_.\-]+)(?:/versions/([0-9]{1,18}))?/infer")
-#: RFC 9110 §5.1: a field name is a token (§5.6.2).
-FIELD_NAME = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-#: Field values taken here: visible ASCII, single spaces or tabs inside (RFC 9110 §5.5).
-FIELD_VALUE = re.compile(rb"[\x21-\x7e]+(?:[ \t]+[\x21-\x7e]+)*")
+#: The request lines taken here: the model name, then an optional version (decimal digits).
+REQUEST_LINE = re.compile(r"POST /v2/models/([A-Za-z0-9_.\-]+)(?:/versions/([0-9]{1,18}))?/infer HTTP/1\.1")
+#: RFC 9110 §5.1: a field name is a token (§5.6.2); ``str.translate`` deletes these.
+TOKEN_CHARS = dict.fromkeys(map(ord, "!#$%&'*+-.^_`|~" + string.digits + string.ascii_letters))
+#: The bytes a head taken here may hold: visible ASCII, SP and HT (RFC 9110 §5.5 field
+#: values without obs-text), and CR LF between lines.
+HEAD_BYTES = bytes(range(0x20, 0x7F)) + b"\t\r\n"
 #: Longest request head taken here (bytes, request line to the last header line); aiohttp's
 #: own limit is 8190 bytes a line.
 MAX_HEAD_BYTES = 8190
@@ -94,29 +96,27 @@ def parse_head(buffer: bytes | bytearray, max_body_bytes: int) -> Head | None:
     end = buffer.find(b"\r\n\r\n", 0, MAX_HEAD_BYTES + 4)
     if end < 0:
         return None
-    lines = bytes(buffer[:end]).split(b"\r\n")
-    parts = lines[0].split(b" ")
-    if len(parts) != 3 or parts[0] != b"POST" or parts[2] != b"HTTP/1.1" or len(lines) > MAX_HEADERS + 1:
+    raw = bytes(buffer[:end])
+    if raw.translate(None, HEAD_BYTES) or not raw.count(b"\n") == raw.count(b"\r\n") == raw.count(b"\r"):
+        return None  # a byte outside visible ASCII, SP, HT; or a CR or LF alone
+    lines = raw.decode("ascii").split("\r\n")
+    target = REQUEST_LINE.fullmatch(lines[0])
+    if target is None or len(lines) > MAX_HEADERS + 1:
         return None
-    target = INFER_TARGET.fullmatch(parts[1])
-    if target is None:
-        return None
-    headers: CIMultiDict[str] = CIMultiDict()
+    pairs = []
     for line in lines[1:]:
-        name, colon, value = line.partition(b":")
-        value = value.strip(b" \t")
-        if not colon or FIELD_NAME.fullmatch(name) is None:
+        name, colon, value = line.partition(":")
+        if not colon or not name or name.translate(TOKEN_CHARS):  # a name that is not a token
             return None
-        if value and FIELD_VALUE.fullmatch(value) is None:
-            return None
-        headers.add(name.decode("ascii"), value.decode("ascii"))
+        pairs.append((name, value.strip(" \t")))
+    headers = CIMultiDict(pairs)
     lengths = headers.getall("Content-Length", [])
     if len(lengths) != 1 or not lengths[0].isdigit() or len(lengths[0]) > 18:
         return None
     if int(lengths[0]) > max_body_bytes or any(name in headers for name in HANDED_OVER_FIELDS):
         return None
     tokens = {token.strip().lower() for token in headers.get("Connection", "").split(",")}
-    model, version = target.group(1).decode("ascii"), (target.group(2) or b"").decode("ascii")
+    model, version = target.group(1), target.group(2) or ""
     return Head(model, version, headers, end + 4, int(lengths[0]), "close" in tokens)
 
 

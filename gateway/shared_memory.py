@@ -252,11 +252,15 @@ class SystemSharedMemory:
         except (ValueError, OSError):
             raise RegionNotFound(f"Unable to find shared memory region: '{ref.region}'") from None
 
-    @contextlib.contextmanager
-    def hold(self, request: InferRequest) -> Iterator[None]:
+    def hold(self, request: InferRequest) -> contextlib.AbstractContextManager[None]:
         """While the block runs, the regions of ``request``'s outputs are checked and cannot
-        be unregistered (Triton's "currently in use")."""
+        be unregistered (Triton's "currently in use"); nothing to hold for a request with no
+        output in shared memory."""
         refs = [o.shared_memory for o in request.outputs if o.shared_memory is not None]
+        return self._holding(refs) if refs else _NOTHING_HELD
+
+    @contextlib.contextmanager
+    def _holding(self, refs: list[SharedMemoryRef]) -> Iterator[None]:
         for ref in refs:
             self.check(ref)
         regions = [self._regions[ref.region] for ref in refs]
@@ -281,6 +285,9 @@ class SystemSharedMemory:
         for region in self._regions.values():
             region.close()
         self._regions.clear()
+
+
+_NOTHING_HELD = contextlib.nullcontext()
 
 
 def shared_memory_outputs(request: InferRequest) -> frozenset[str]:

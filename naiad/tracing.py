@@ -117,7 +117,6 @@ def _kind(kind: str) -> Any:
     return SpanKind[kind.upper()]
 
 
-@contextlib.contextmanager
 def span(
     name: str,
     attributes: Mapping[str, Any] | None = None,
@@ -125,12 +124,23 @@ def span(
     kind: str = "internal",
     parent: str | None = None,
     links: Sequence[str | None] = (),
-) -> Iterator[Any]:
+) -> contextlib.AbstractContextManager[Any]:
     """A span around the block, current within it (child of the current span, or of the
-    W3C ``parent`` traceparent when given; linked to ``links``). Yields None when off."""
+    W3C ``parent`` traceparent when given; linked to ``links``). Yields None when off (a
+    plain ``nullcontext``: no generator on the request path)."""
     if _tracer is None:
-        yield None
-        return
+        return _OFF
+    return _span(name, attributes, kind, parent, links)
+
+
+_OFF = contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _span(
+    name: str, attributes: Mapping[str, Any] | None, kind: str, parent: str | None,
+    links: Sequence[str | None],
+) -> Iterator[Any]:  # fmt: skip
     context = _context(parent) if parent is not None else None
     with _tracer.start_as_current_span(
         name, context=context, kind=_kind(kind), attributes=attributes, links=_links(links)

@@ -56,6 +56,10 @@ def test_a_plain_inference_head_is_taken_with_its_model_version_and_fields() -> 
         head(extra=b"X-Folded: a\r\n b\r\n"),  # obs-fold
         head(extra=b"Bad Name: x\r\n"),
         head(extra=b"X-Bad: caf\xc3\xa9\r\n"),
+        head(extra=b"X-Bad: a\x01b\r\n"),
+        head(extra=b"X-Bare-LF: a\nContent-Length: 1\r\n"),
+        head(extra=b"X-Bare-CR: a\rb\r\n"),
+        head(extra=b"Content-Length : 5\r\n"),
         head(extra=b"NoColon\r\n"),
         head(extra=b"X: y\r\n" * MAX_HEADERS),
         head(length=2**20 + 1),
