@@ -8,7 +8,8 @@ bottleneck. :class:`FastFront` is therefore the first protocol of every connecti
 HTTP port. It answers a request itself only when all of this holds:
 
 - the request's head and its whole body are in what has arrived (a small request comes in
-  one segment);
+  one segment; a body of at most :data:`MAX_WAITED_BODY_BYTES` sent after its head, as
+  Python's ``http.client`` does, is waited for :data:`BODY_WAIT_S`);
 - ``POST /v2/models/<name>[/versions/<n>]/infer HTTP/1.1``, no query, a name of ASCII
   letters, digits, ``_``, ``.`` and ``-`` (nothing percent-encoded);
 - a well-formed head (RFC 9110 §5.1 token names, visible-ASCII values, no obs-fold) of at
@@ -49,6 +50,8 @@ from gateway.access import INFERENCE, AccessPolicy
 from gateway.dataplane import DataPlane
 from gateway.http import answer_infer, error_answer
 from gateway.http_limits import HttpLimits
+from gateway.limits import Reservation
+from naiad.errors import Overloaded
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +69,13 @@ MAX_HEAD_BYTES = 8190
 MAX_HEADERS = 64
 #: Fields whose presence sends the request to aiohttp (framing, codings, interim answers).
 HANDED_OVER_FIELDS = ("Transfer-Encoding", "Content-Encoding", "Expect", "Upgrade")
+#: A body at most this large whose head came without it is waited for here (Python's
+#: ``http.client``, under ``requests``, writes the head and the body apart); a larger one goes
+#: to aiohttp at once.
+MAX_WAITED_BODY_BYTES = 64 * 1024
+#: Seconds such a body has to arrive whole (its bytes held against the byte budget meanwhile)
+#: before the connection goes to aiohttp, whose body timeouts then apply.
+BODY_WAIT_S = 1.0
 #: Bytes a connection may hold pipelined behind the request it is answering before it stops
 #: reading (TCP then pushes back on the client).
 MAX_PIPELINED_BYTES = 1024 * 1024
@@ -161,6 +171,8 @@ class FastFront(asyncio.Protocol):
         self._buffer = bytearray()
         self._task: asyncio.Task[None] | None = None
         self._idle: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None  # waiting for a body's rest
+        self._reservation: Reservation | None = None  # that body's bytes, meanwhile
         self._closing = False  # the server is shutting down: no new request
         self._paused = False
 
@@ -186,6 +198,7 @@ class FastFront(asyncio.Protocol):
             self._task.cancel()  # the client went away: its request is withdrawn
         if self._idle is not None:
             self._idle.cancel()
+        self._stop_waiting()
         self.transport = None
         self._server.connection_lost(self, exc)
 
@@ -200,23 +213,54 @@ class FastFront(asyncio.Protocol):
             self._idle = self._loop.call_later(self._limits.keepalive_timeout_s, self.transport.close)
             return
         head = parse_head(self._buffer, self._limits.max_body_bytes)
-        if head is None or len(self._buffer) < head.length + head.body_length:
+        if head is None:
             self._hand_over()
             return
-        self._server.headers_received(self)
         end = head.length + head.body_length
+        if len(self._buffer) < end:
+            self._wait_for_body(head)
+            return
+        reservation = self._reservation or self._limits.budget.reservation()
+        self._reservation = None
+        self._stop_waiting()
+        self._server.headers_received(self)
         body = bytes(self._buffer[head.length : end])
         del self._buffer[:end]
-        self._task = self._loop.create_task(self._answer(head, body))
+        self._task = self._loop.create_task(self._answer(head, body, reservation))
         self._task.add_done_callback(self._answered)
 
-    async def _answer(self, head: Head, body: bytes) -> None:
+    def _wait_for_body(self, head: Head) -> None:
+        """The head is here, its body not whole: wait :data:`BODY_WAIT_S` for a small one,
+        holding its bytes against the budget; a large one, or a full budget, goes to aiohttp."""
+        if self._body_timer is not None:
+            return  # waiting already
+        if head.body_length > MAX_WAITED_BODY_BYTES:
+            self._hand_over()
+            return
+        reservation = self._limits.budget.reservation()
+        try:
+            reservation.add(head.body_length)
+        except Overloaded:  # aiohttp answers it (503) with its own reservation
+            self._hand_over()
+            return
+        self._reservation = reservation
+        self._body_timer = self._loop.call_later(BODY_WAIT_S, self._hand_over)
+
+    def _stop_waiting(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+        if self._reservation is not None:
+            self._reservation.release()
+            self._reservation = None
+
+    async def _answer(self, head: Head, body: bytes, reservation: Reservation) -> None:
         dataplane = self._dataplane
         try:
             if self._access:
                 self._access.check(INFERENCE, head.headers)
-            with dataplane.admit(), self._limits.budget.reservation() as reservation:
-                reservation.add(len(body))
+            with dataplane.admit(), reservation:
+                reservation.resize(len(body))  # held already when its body was waited for
                 payload, headers = await answer_infer(dataplane, head.model, head.version, head.headers,
                                                       lambda: _given(body))  # fmt: skip
             status, close = 200, head.close
@@ -240,6 +284,7 @@ class FastFront(asyncio.Protocol):
 
     def _hand_over(self) -> None:
         """aiohttp's handler takes the connection, with the bytes received so far."""
+        self._stop_waiting()
         transport, data = self.transport, bytes(self._buffer)
         self._buffer.clear()
         self._server.connection_lost(self, None)  # forgotten here, counted again as the handler

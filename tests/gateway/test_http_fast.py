@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from naiad_harness import run_server
 
-from gateway.http_fast import MAX_HEADERS, parse_head
+from gateway.http_fast import BODY_WAIT_S, MAX_HEADERS, parse_head
 
 DATA = b",".join([b"0.5"] * 64)
 BODY = b'{"inputs":[{"name":"input","shape":[1,64],"datatype":"FP32","data":[' + DATA + b"]}]}"
@@ -128,22 +128,42 @@ def server(example_repository, tmp_path_factory):
         yield running
 
 
+@pytest.fixture(scope="module")
+def reference(example_repository, tmp_path_factory):
+    """The same server with every request through aiohttp."""
+    work = tmp_path_factory.mktemp("aiohttp")
+    with run_server(example_repository, work, extra_args=["--http-fast-infer", "false"]) as running:
+        yield running
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_this_path_and_aiohttp_answer_a_request_alike(server, case: str) -> None:
+def test_this_path_and_aiohttp_answer_a_request_alike(server, reference, case: str) -> None:
     target, body, extra = CASES[case]
     raw_head = head(target, extra, length=len(body))
     before = server.log().count("goes to aiohttp")
     [fast] = exchange(server.http_port, raw_head + body)
-    assert server.log().count("goes to aiohttp") == before  # taken here
-    [slow] = exchange(server.http_port, raw_head, body, pause_s=0.2)  # the head alone: handed over
-    assert server.log().count("goes to aiohttp") == before + 1
-    assert fast[0] == slow[0] and fast[2] == slow[2], (fast, slow)
-    assert {k: fast[1].get(k) for k in COMPARED} == {k: slow[1].get(k) for k in COMPARED}
+    [apart] = exchange(server.http_port, raw_head, body, pause_s=0.1)  # http.client's two writes
+    assert server.log().count("goes to aiohttp") == before  # both taken here
+    [slow] = exchange(reference.http_port, raw_head + body)
+    for other in (apart, slow):
+        assert fast[0] == other[0] and fast[2] == other[2], (fast, other)
+        assert {k: fast[1].get(k) for k in COMPARED} == {k: other[1].get(k) for k in COMPARED}
     if fast[0] != 200:
         assert "error" in json.loads(fast[2])
     elif case == "json":
         outputs = {o["name"]: o for o in json.loads(fast[2])["outputs"]}
         assert np.isclose(sum(outputs["probabilities"]["data"]), 1.0, atol=1e-4)
+
+
+def test_a_body_that_does_not_come_whole_in_time_goes_to_aiohttp(server) -> None:
+    """Waited for at most BODY_WAIT_S; then aiohttp reads the rest under its own timeouts."""
+    raw_head = head()
+    before = server.log().count("goes to aiohttp")
+    half = len(BODY) // 2
+    parts = (raw_head + BODY[:half], BODY[half:])
+    [(status, _, body)] = exchange(server.http_port, *parts, pause_s=BODY_WAIT_S + 0.5)
+    assert server.log().count("goes to aiohttp") == before + 1
+    assert status == 200 and json.loads(body)["model_name"] == "digits"
 
 
 def test_pipelined_requests_are_answered_in_order_taken_or_handed_over(server) -> None:
