@@ -3,7 +3,9 @@ share resource ``R`` (1 copy on the machine) behind a real ``naiad serve``.
 
 Each model's ``execute`` marks itself running (a file), waits up to the request's seconds for
 the other model's mark (a negative wait: while the test's ``hold`` file exists), logs its
-start and end, and answers whether it saw the other one running. With ``--rate-limit
+start and end, and answers whether it saw the other one running. One that saw the other keeps
+its mark 0.5 s longer: removed at once, it could come and go between two 5 ms polls of the
+other, which then waited its whole 60 s (the flake of stop 14's last run). With ``--rate-limit
 execution_count`` the two never run at once; with ``--rate-limit off`` (the default, as in
 Triton) they do."""
 
@@ -44,6 +46,8 @@ class TritonPythonModel:
             saw = self._others_running()
             time.sleep(0.005)
         end = time.time()
+        if saw:  # keep the mark a while: the other, between two polls, must see it too
+            time.sleep(0.5)
         os.remove(mine)
         with open(os.path.join(self.folder, "log"), "a") as log:
             log.write(f"{self.name} {start} {end}\\n")
