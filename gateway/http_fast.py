@@ -13,9 +13,9 @@ HTTP port. It answers a request itself only when all of this holds:
 - ``POST /v2/models/<name>[/versions/<n>]/infer HTTP/1.1``, no query, a name of ASCII
   letters, digits, ``_``, ``.`` and ``-`` (nothing percent-encoded);
 - a well-formed head (RFC 9110 §5.1 token names, visible-ASCII values, no obs-fold) of at
-  most :data:`MAX_HEAD_BYTES` and :data:`MAX_HEADERS` lines, with one ``Content-Length`` no
-  larger than the body limit, and no ``Transfer-Encoding``, ``Content-Encoding``, ``Expect``
-  or ``Upgrade``.
+  most :data:`MAX_HEAD_BYTES` and :data:`MAX_HEADERS` lines, with one ``Host``, one
+  ``Content-Length`` no larger than the body limit, none of :data:`SINGLETON_FIELDS` twice,
+  and no ``Transfer-Encoding``, ``Content-Encoding``, ``Expect`` or ``Upgrade``.
 
 Any other request hands the connection, with every byte received so far, to aiohttp's handler
 (:class:`gateway.http_limits.LimitedAppRunner`'s) for the rest of its life, so it is
@@ -23,10 +23,12 @@ answered exactly as before. A request taken here runs the aiohttp route's own co
 (:func:`gateway.http.answer_infer`), with its error answers (:func:`gateway.http.error_answer`),
 access check (``--http-restricted-api``) and limits: the gateway's in-flight bound
 (:meth:`gateway.dataplane.DataPlane.admit`), the shared byte budget (its body), the connection
-cap and header timer (the runner's server counts these connections as its own), the keep-alive
+cap and header timer (the runner's server counts these connections as its own; a head handed
+over keeps its deadline), the keep-alive
 timeout while idle. A client that disconnects cancels its request (withdrawn from its queue,
 as aiohttp's ``handler_cancellation``); a shutdown lets it finish within the grace period.
-Requests pipelined on one connection are answered in order, one at a time.
+Requests pipelined on one connection are answered in order, one at a time, and none is
+taken while the answers already written wait unread (the transport's write buffer is full).
 """
 
 from __future__ import annotations
@@ -76,9 +78,16 @@ MAX_WAITED_BODY_BYTES = 64 * 1024
 #: Seconds such a body has to arrive whole (its bytes held against the byte budget meanwhile)
 #: before the connection goes to aiohttp, whose body timeouts then apply.
 BODY_WAIT_S = 1.0
+#: Fields aiohttp's parser refuses (400) when sent twice (its ``SINGLETON_HEADERS``, RFC
+#: 9110); a head with one of them twice, or without ``Host`` (RFC 9112 §3.2), is handed over
+#: so that it is answered as aiohttp answers it.
+SINGLETON_FIELDS = frozenset(
+    ("content-length", "content-location", "content-range", "content-type", "etag", "host", "max-forwards",
+     "server", "transfer-encoding", "user-agent")
+)
 #: Bytes a connection may hold pipelined behind the request it is answering before it stops
 #: reading (TCP then pushes back on the client).
-MAX_PIPELINED_BYTES = 1024 * 1024
+MAX_PIPELINED_BYTES = 256 * 1024
 #: Status codes with a reason phrase (RFC 9110 §15); another code is written without one.
 PHRASES = frozenset(HTTPStatus)
 SERVER_SOFTWARE_BYTES = SERVER_SOFTWARE.encode("latin-1")
@@ -114,18 +123,27 @@ def parse_head(buffer: bytes | bytearray, max_body_bytes: int) -> Head | None:
     if target is None or len(lines) > MAX_HEADERS + 1:
         return None
     pairs = []
+    singletons = set()
     for line in lines[1:]:
         name, colon, value = line.partition(":")
         if not colon or not name or name.translate(TOKEN_CHARS):  # a name that is not a token
             return None
+        lower = name.lower()
+        if lower in SINGLETON_FIELDS:
+            if lower in singletons:
+                return None  # sent twice: aiohttp's 400
+            singletons.add(lower)
         pairs.append((name, value.strip(" \t")))
+    if "host" not in singletons:
+        return None  # aiohttp's 400
     headers = CIMultiDict(pairs)
     lengths = headers.getall("Content-Length", [])
     if len(lengths) != 1 or not lengths[0].isdigit() or len(lengths[0]) > 18:
         return None
     if int(lengths[0]) > max_body_bytes or any(name in headers for name in HANDED_OVER_FIELDS):
         return None
-    tokens = {token.strip().lower() for token in headers.get("Connection", "").split(",")}
+    # RFC 9110 §5.3: several Connection lines are one comma-separated list.
+    tokens = {token.strip().lower() for token in ",".join(headers.getall("Connection", ())).split(",")}
     model, version = target.group(1), target.group(2) or ""
     return Head(model, version, headers, end + 4, int(lengths[0]), "close" in tokens)
 
@@ -174,7 +192,8 @@ class FastFront(asyncio.Protocol):
         self._body_timer: asyncio.TimerHandle | None = None  # waiting for a body's rest
         self._reservation: Reservation | None = None  # that body's bytes, meanwhile
         self._closing = False  # the server is shutting down: no new request
-        self._paused = False
+        self._paused = False  # reading paused: too many bytes pipelined, or answers unread
+        self._writing_paused = False  # the transport's write buffer is full: no next request
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -184,14 +203,32 @@ class FastFront(asyncio.Protocol):
         if self._idle is not None:
             self._idle.cancel()
             self._idle = None
-        if not self._buffer and self._task is None and self.transport is not None:
+        idle = not self._buffer and self._task is None and not self._writing_paused
+        if idle and self.transport is not None:
             self._server.arm_header_timer(self, self.transport)  # a request's head begins
         self._buffer += data
-        if self._task is None:
+        if self._task is None and not self._writing_paused:
             self._take()
         elif len(self._buffer) > MAX_PIPELINED_BYTES and self.transport is not None:
             self.transport.pause_reading()
             self._paused = True
+
+    def pause_writing(self) -> None:
+        """The transport's write buffer is over its high-water mark (a client that does not
+        read its answers): no next request is taken until it drains, and reading stops once
+        :data:`MAX_PIPELINED_BYTES` wait (aiohttp's handler awaits ``drain`` likewise)."""
+        self._writing_paused = True
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        if self._task is None:
+            self._resume_reading()
+            self._take()
+
+    def _resume_reading(self) -> None:
+        if self._paused and self.transport is not None:
+            self.transport.resume_reading()
+            self._paused = False
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._task is not None:
@@ -277,9 +314,9 @@ class FastFront(asyncio.Protocol):
 
     def _answered(self, task: asyncio.Task[None]) -> None:
         self._task = None
-        if self._paused and self.transport is not None:
-            self.transport.resume_reading()
-            self._paused = False
+        if self._writing_paused:
+            return  # resume_writing takes the next request
+        self._resume_reading()
         self._take()
 
     def _hand_over(self) -> None:
@@ -287,6 +324,7 @@ class FastFront(asyncio.Protocol):
         self._stop_waiting()
         transport, data = self.transport, bytes(self._buffer)
         self._buffer.clear()
+        deadline = self._server.header_deadline(self)  # the head being read keeps its deadline
         self._server.connection_lost(self, None)  # forgotten here, counted again as the handler
         self.transport = None
         if transport is None or transport.is_closing():
@@ -295,6 +333,8 @@ class FastFront(asyncio.Protocol):
         handler = self._make_handler()
         transport.set_protocol(handler)
         handler.connection_made(transport)
+        if deadline is not None:
+            self._server.arm_header_timer(handler, transport, at=deadline)
         if self._paused:
             transport.resume_reading()
         if data:

@@ -187,12 +187,25 @@ class _GuardedServer(web.Server):
             return
         self.arm_header_timer(handler, transport)
 
-    def arm_header_timer(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
-        """Close ``transport`` unless a request head arrives within the header timeout."""
-        if handler not in self.header_timers:
+    def arm_header_timer(
+        self, handler: RequestHandler, transport: asyncio.Transport, at: float | None = None
+    ) -> None:
+        """Close ``transport`` unless a request head arrives within the header timeout; with
+        ``at`` (loop time), by then instead, replacing a timer already armed."""
+        if at is not None:
+            armed = self.header_timers.pop(handler, None)
+            if armed is not None:
+                armed.cancel()
+            self.header_timers[handler] = self._loop.call_at(at, self._header_timeout, handler, transport)
+        elif handler not in self.header_timers:
             timeout = self.limits.header_timeout_s
             timer = self._loop.call_later(timeout, self._header_timeout, handler, transport)
             self.header_timers[handler] = timer
+
+    def header_deadline(self, handler: object) -> float | None:
+        """When ``handler``'s header timer fires (loop time), or None when none is armed."""
+        timer = self.header_timers.get(handler)  # type: ignore[call-overload]
+        return timer.when() if timer is not None else None
 
     def connection_lost(self, handler: RequestHandler, exc: BaseException | None = None) -> None:
         self.headers_received(handler)
