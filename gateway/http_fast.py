@@ -75,9 +75,10 @@ HANDED_OVER_FIELDS = ("Transfer-Encoding", "Content-Encoding", "Expect", "Upgrad
 #: ``http.client``, under ``requests``, writes the head and the body apart); a larger one goes
 #: to aiohttp at once.
 MAX_WAITED_BODY_BYTES = 64 * 1024
-#: Seconds such a body has to arrive whole (its bytes held against the byte budget meanwhile)
-#: before the connection goes to aiohttp, whose body timeouts then apply.
-BODY_WAIT_S = 1.0
+#: Seconds such a body has to arrive whole (its bytes held against the byte budget meanwhile;
+#: at most the first-byte timeout) before the connection goes to aiohttp, whose body timeouts
+#: then apply from the hand-over.
+BODY_WAIT_S = 0.25
 #: Fields aiohttp's parser refuses (400) when sent twice (its ``SINGLETON_HEADERS``, RFC
 #: 9110); a head with one of them twice, or without ``Host`` (RFC 9112 §3.2), is handed over
 #: so that it is answered as aiohttp answers it.
@@ -281,7 +282,9 @@ class FastFront(asyncio.Protocol):
             self._hand_over()
             return
         self._reservation = reservation
-        self._body_timer = self._loop.call_later(BODY_WAIT_S, self._hand_over)
+        self._server.headers_received(self)  # the head is whole: no header timer while waiting
+        wait_s = min(BODY_WAIT_S, self._limits.body_first_byte_timeout_s)
+        self._body_timer = self._loop.call_later(wait_s, self._hand_over)
 
     def _stop_waiting(self) -> None:
         if self._body_timer is not None:
