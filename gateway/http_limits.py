@@ -282,12 +282,16 @@ async def read_body_limited(request: web.Request, limits: HttpLimits) -> bytes:
     ``max_body_bytes``, :class:`RequestTimeout` (408) when the first byte or the whole body
     is late, :class:`naiad.errors.Overloaded` (503) when the shared budget is full. Each
     error has ``close_connection`` set: the HTTP error middleware then closes the connection
-    after the answer, so what is left of the body is never read into a handler."""
+    after the answer, so what is left of the body is never read into a handler. A client
+    gone before its body was read (aiohttp's ``ConnectionResetError``) cancels the handler:
+    nobody is left to answer, and nothing is logged as an error."""
     try:
         return await _read(request, limits)
     except NaiadError as exc:
         exc.close_connection = True  # type: ignore[attr-defined]
         raise
+    except ConnectionResetError:
+        raise asyncio.CancelledError("the client went away before its body was read") from None
 
 
 async def _read(request: web.Request, limits: HttpLimits) -> bytes:

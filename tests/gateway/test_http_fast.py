@@ -248,3 +248,17 @@ def test_the_path_can_be_turned_off(example_repository, tmp_path) -> None:
         [(status, _, body)] = exchange(off.http_port, head() + BODY)
         assert status == 200 and json.loads(body)["model_name"] == "digits"
         assert "goes to aiohttp" not in off.log()  # aiohttp's handler from the start
+
+
+def test_a_client_that_half_closes_after_its_request_is_no_error(reference) -> None:
+    """On aiohttp's path a client that shuts its side right after sending gave an ERROR
+    with a traceback each time (``ConnectionResetError`` while its body was read): a client
+    could fill the log. Now the handler is cancelled quietly; the server keeps serving."""
+    for _ in range(5):
+        with socket.create_connection(("127.0.0.1", reference.http_port), timeout=30) as sock:
+            sock.sendall(head() + BODY)
+            sock.shutdown(socket.SHUT_WR)
+            with contextlib.suppress(OSError):
+                sock.recv(100)
+    assert exchange(reference.http_port, head() + BODY)[0][0] == 200
+    assert "Traceback" not in reference.log() and "unhandled error" not in reference.log()
