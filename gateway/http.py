@@ -54,8 +54,13 @@ T = TypeVar("T")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+def error_json(message: str) -> str:
+    """The body of every non-200 answer: ``{"error": message}``."""
+    return json.dumps({"error": message})
+
+
 def error_response(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message}, status=status)
+    return web.json_response(text=error_json(message), status=status)
 
 
 @web.middleware

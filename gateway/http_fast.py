@@ -34,7 +34,6 @@ taken while the answers already written wait unread (the transport's write buffe
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 import string
@@ -50,7 +49,7 @@ from multidict import CIMultiDict
 
 from gateway.access import INFERENCE, AccessPolicy
 from gateway.dataplane import DataPlane
-from gateway.http import answer_infer, error_answer
+from gateway.http import answer_infer, error_answer, error_json
 from gateway.http_limits import HttpLimits
 from gateway.limits import Reservation
 from naiad.errors import Overloaded
@@ -307,7 +306,7 @@ class FastFront(asyncio.Protocol):
         except Exception as exc:
             path = f"/v2/models/{head.model}{f'/versions/{head.version}' if head.version else ''}/infer"
             status, message, extra, close = error_answer(exc, "POST", path)
-            payload = json.dumps({"error": message}).encode()
+            payload = error_json(message).encode()
             headers, close = {"Content-Type": JSON_TYPE, **extra}, close or head.close
         transport, close = self.transport, close or self._closing
         if transport is not None and not transport.is_closing():
