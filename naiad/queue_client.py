@@ -56,28 +56,36 @@ logger = logging.getLogger(__name__)
 #: Seconds one BLPOP of the reply reader blocks before it loops (to notice shutdown).
 READER_BLOCK_S = 5
 
-#: XADD unless ``ARGV[1]`` requests or more already wait in the stream (0: no bound); returns
-#: ``{entry id, live workers}`` (members of the workers set KEYS[2] whose heartbeat deadline is
-#: at or after ``ARGV[2]``, Unix seconds), or nil when the queue is full. Waiting: the
-#: stream's entries (answered ones are deleted) less those executing, taken as the entries
-#: claimed by group ARGV[3] (the XPENDING summary, O(1)) up to ``ARGV[4]`` (requests one
-#: worker runs at once) per live worker. KEYS[1]: the stream; ARGV[5..]: the fields. One
-#: round trip per request: the enqueue's whole protocol.
+#: XADD each entry of ARGV[6..] unless ``ARGV[1]`` requests or more already wait in the stream
+#: (0: no bound), in order (each added one counts for the next); returns ``{live workers,
+#: id or false, ...}``, one id (false: the queue was full) per entry. Live workers: members
+#: of the workers set KEYS[2] whose heartbeat deadline is at or after ``ARGV[2]``, Unix
+#: seconds. Waiting: the stream's entries (answered ones are deleted) less those executing,
+#: taken as the entries claimed by group ARGV[3] (the XPENDING summary, O(1)) up to
+#: ``ARGV[4]`` (requests one worker runs at once) per live worker. ``ARGV[5]``: fields per
+#: entry (name, value pairs). KEYS[1]: the stream. One call carries every enqueue of one
+#: flush to one stream: the counts are read once, not per request.
 BOUNDED_XADD = """
-local limit = tonumber(ARGV[1])
+local limit, width = tonumber(ARGV[1]), tonumber(ARGV[5])
 local live = redis.call('ZCOUNT', KEYS[2], ARGV[2], '+inf')
+local waiting = 0
 if limit > 0 then
-  local waiting = redis.call('XLEN', KEYS[1])
+  waiting = redis.call('XLEN', KEYS[1])
   local claimed = redis.pcall('XPENDING', KEYS[1], ARGV[3])
   if type(claimed) == 'table' and claimed.err == nil then
     waiting = waiting - math.min(claimed[1], live * tonumber(ARGV[4]))
   end
-  if waiting >= limit then
-    return false
+end
+local out = {live}
+for first = 6, #ARGV, width do
+  if limit > 0 and waiting >= limit then
+    out[#out + 1] = false
+  else
+    out[#out + 1] = redis.call('XADD', KEYS[1], '*', unpack(ARGV, first, first + width - 1))
+    waiting = waiting + 1
   end
 end
-local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 5))
-return {id, live}
+return out
 """
 #: Delete entry ARGV[2] of stream KEYS[1] unless a consumer of group ARGV[1] has claimed it
 #: (it is in the group's pending entries; no group yet: nobody has); 1 when deleted, 0 when
@@ -91,6 +99,11 @@ return redis.call('XDEL', KEYS[1], ARGV[2])
 """
 #: Seconds a withdrawal (XACK + XDEL of a cancelled request's entry) may take.
 WITHDRAW_TIMEOUT_S = 2.0
+
+
+#: One enqueue waiting for the next write: the script's keys, its head arguments (max queue,
+#: group, batch), the entry's fields (name, value, ...) and its caller's future.
+_Add = tuple[tuple[str, str], tuple[int, str, int], list[Any], "asyncio.Future[tuple[bytes | None, int]]"]
 
 
 def _expire(future: asyncio.Future[Any]) -> None:
@@ -117,10 +130,11 @@ class QueueDispatcher:
         self._reader: asyncio.Task[None] | None = None
         self._closing = False
         self._reject = redis.register_script(REJECT_UNCLAIMED)
+        self._xadd = redis.register_script(BOUNDED_XADD)
         self._order = ReplyOrder()
         self._withdrawals: set[asyncio.Task[None]] = set()
         self._adding = False  # an XADD (or a pipeline of them) is in flight
-        self._next_adds: list[tuple[list[str], list[Any], asyncio.Future[Any]]] = []
+        self._next_adds: list[_Add] = []
 
     async def start(self) -> None:
         self._reader = asyncio.create_task(self._read_replies(), name="reply-reader")
@@ -227,36 +241,38 @@ class QueueDispatcher:
                 queue_id, request, self.reply_key, now + timeout_s, now,
                 traceparent=tracing.traceparent(), log_id=logs.REQUEST_ID.get(),
             )
-            stream, max_queue = placement.stream, placement.max_queue
-            args: list[bytes | int | float | str] = [max_queue, now, keys.WORKER_GROUP, placement.batch]
-            for name, value in fields.items():
-                args += [name, value]
-            added = await self._add([stream, keys.workers(request.model)], args)
-        if added is None:
+            flat = [item for pair in fields.items() for item in pair]
+            max_queue, script_keys = placement.max_queue, (placement.stream, keys.workers(request.model))
+            head = (max_queue, keys.WORKER_GROUP, placement.batch)
+            entry_id, live = await self._add(script_keys, head, flat)
+        if entry_id is None:
             level = f" at priority level {placement.level}" if placement.level else ""
             raise Overloaded(f"Exceeds maximum queue size: the queue of model '{request.model}'"
                              f"{level} is full ({max_queue} requests)")  # fmt: skip
-        entry_id, live = added
         return entry_id, live
 
-    async def _add(self, script_keys: list[str], args: list[Any]) -> Any:
-        """:data:`BOUNDED_XADD`'s answer, group-committed: the enqueues made in one turn of
-        the loop, and those made while a write is in flight, go together in one pipeline of
-        ``EVAL`` (a pipeline holding a registered script would first send SCRIPT EXISTS), in
-        order: under load one round trip (one write, one wake-up of Redis) carries many.
+    async def _add(
+        self, script_keys: tuple[str, str], head: tuple[int, str, int], fields: list[Any]
+    ) -> tuple[bytes | None, int]:  # fmt: skip
+        """One entry's :data:`BOUNDED_XADD`, group-committed: ``(entry id or None when the
+        queue was full, live workers)``. The enqueues made in one turn of the loop, and
+        those made while a write is in flight, go together: one script call per stream
+        (``script_keys``) and bound (``head``: max queue, group, batch), several in one
+        pipeline of ``EVAL`` (a pipeline holding a registered script would first send
+        SCRIPT EXISTS), so under load one round trip (one write, one wake-up of Redis) and one
+        script run carry many.
 
         No task or shield per request: a caller cancelled while its enqueue is in flight
         leaves a cancelled future, and :meth:`_add_many` withdraws the entry it gets back."""
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._next_adds.append((script_keys, args, future))
+        future: asyncio.Future[tuple[bytes | None, int]] = asyncio.get_running_loop().create_future()
+        self._next_adds.append((script_keys, head, fields, future))
         if not self._adding:
             self._send_next_adds()
         try:
             return await future
         except asyncio.CancelledError:  # its answer came, but the caller was cancelled first
             if future.done() and not future.cancelled() and future.exception() is None:
-                result = future.result()
-                self._withdraw(script_keys[0], result[0] if result else None)
+                self._withdraw(script_keys[0], future.result()[0])
             raise
         except RedisError as exc:
             raise Unavailable(f"queue unavailable: {exc}") from None
@@ -271,35 +287,48 @@ class QueueDispatcher:
 
     def _added(self, task: asyncio.Task[None]) -> None:
         if task.cancelled():  # the client is closing: nothing more is sent
-            for _, _, future in self._next_adds:
-                future.cancel()
+            for add in self._next_adds:
+                add[3].cancel()
             self._next_adds = []
         self._send_next_adds()
 
     async def _add_many(self) -> None:
-        adds = [add for add in self._next_adds if not add[2].cancelled()]
+        groups: dict[tuple[Any, ...], list[_Add]] = {}
+        for add in self._next_adds:
+            if not add[3].cancelled():
+                groups.setdefault((add[0], add[1], len(add[2])), []).append(add)
         self._next_adds = []
-        if not adds:
+        if not groups:
             return
+        now = time.time()
+        calls = [
+            (script_keys, [max_queue, now, group, batch, width, *(f for add in adds for f in add[2])])
+            for ((script_keys, (max_queue, group, batch), width), adds) in groups.items()
+        ]  # fmt: skip
         try:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for script_keys, args, _ in adds:
-                    pipe.eval(BOUNDED_XADD, len(script_keys), *script_keys, *args)
-                results = await pipe.execute(raise_on_error=False)
-        except Exception as exc:  # each waiting caller sees it (RedisError: Unavailable)
-            results = [exc] * len(adds)
-        except asyncio.CancelledError:  # the client is closing
-            for _, _, future in adds:
-                future.cancel()
-            raise
-        for (script_keys, _, future), result in zip(adds, results, strict=True):
-            if future.cancelled():  # its caller went away meanwhile: take the entry back
-                if isinstance(result, list) and result:
-                    self._withdraw(script_keys[0], result[0])
-            elif isinstance(result, Exception):
-                future.set_exception(result)
+            if len(calls) == 1:
+                results: list[Any] = [await self._xadd(keys=calls[0][0], args=calls[0][1])]
             else:
-                future.set_result(result)
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    for script_keys, args in calls:
+                        pipe.eval(BOUNDED_XADD, len(script_keys), *script_keys, *args)
+                    results = await pipe.execute(raise_on_error=False)
+        except Exception as exc:  # each waiting caller sees it (RedisError: Unavailable)
+            results = [exc] * len(calls)
+        except asyncio.CancelledError:  # the client is closing
+            for adds in groups.values():
+                for add in adds:
+                    add[3].cancel()
+            raise
+        for adds, result in zip(groups.values(), results, strict=True):
+            for i, (script_keys, _, _, future) in enumerate(adds):
+                entry_id = None if isinstance(result, Exception) else result[1 + i]
+                if future.cancelled():  # its caller went away meanwhile: take the entry back
+                    self._withdraw(script_keys[0], entry_id)
+                elif isinstance(result, Exception):
+                    future.set_exception(result)
+                else:
+                    future.set_result((entry_id, result[0]))
 
     def _withdraw(self, stream: str, entry_id: bytes | None) -> None:
         """XACK + XDEL ``entry_id`` in the background (the caller is being cancelled, and a

@@ -159,8 +159,11 @@ def start_naiad(
     models: Sequence[str] = (),
     extra_args: Sequence[str] = (),
     name: str = "naiad",
+    tree: Path = ROOT,
 ) -> Server:
-    """``naiad serve`` with its embedded Redis; workers stay up between points (idle timeout 600 s)."""
+    """``naiad serve`` with its embedded Redis; workers stay up between points (idle timeout 600 s).
+    ``tree``: the source tree it runs from (another checkout of Naiad, for A/B runs:
+    :mod:`bench.perf.ab`), first on ``PYTHONPATH``."""
     http, grpc, metrics = free_port(), free_port(), free_port()
     args = [
         sys.executable,
@@ -185,7 +188,8 @@ def start_naiad(
         "WARNING",
         *extra_args,
     ]
-    return _start(name, args, workdir, http, grpc, models)
+    env = {"PYTHONPATH": str(tree)} if tree != ROOT else None
+    return _start(name, args, workdir, http, grpc, models, env=env, cwd=tree)
 
 
 def start_floor(repository: Path, workdir: Path, models: Sequence[str], name: str = "floor") -> Server:

@@ -125,3 +125,29 @@ def test_preserve_ordering_releases_answers_in_queue_order(redis_url: str) -> No
         assert done == [1, 2, 3]
 
     run(redis_url, scenario)
+
+
+def test_enqueues_of_one_turn_share_one_call_and_each_meets_the_bound(redis_url: str) -> None:
+    """Six requests made in one loop turn, to two streams bounded at 2 and 3: one script call
+    per stream adds exactly as many as fit, in order; the rest are refused, and each caller
+    gets its own entry's answer."""
+
+    async def scenario(dispatcher: QueueDispatcher, redis) -> None:
+        to = [HIGH, LOW, HIGH, LOW, HIGH, LOW]
+        calls = [asyncio.create_task(dispatcher.infer(request(i), 10, placement=placement(
+            stream, max_queue=2 if stream == HIGH else 3))) for i, stream in enumerate(to)]  # fmt: skip
+        await wait_queued(redis, HIGH, 2)
+        await wait_queued(redis, LOW, 3)
+        refused = calls[4]  # the third to HIGH
+        with pytest.raises(Overloaded, match="is full \\(2 requests\\)"):
+            await refused
+        high, low = await claim(redis, HIGH), await claim(redis, LOW)
+        assert [q.request.inputs[0].data[0, 0] for q in high] == [0, 2]
+        assert [q.request.inputs[0].data[0, 0] for q in low] == [1, 3, 5]
+        for queued in [*high, *low]:
+            await answer(redis, queued)
+        for i, call in enumerate(calls):
+            if call is not refused:
+                assert (await call).outputs[0].data.tolist() == [[float(i)]]
+
+    run(redis_url, scenario)
