@@ -31,12 +31,31 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 MAX_DIMS = 64
 
 
-#: A run of 19 digits marks a number orjson may read as a float where ``json`` reads an int
-#: (orjson keeps integers in [-2**63, 2**64 - 1] only): such a text goes to ``json.loads``.
-#: Found by mapping every digit to "0" and everything else to " " (one C pass, then a
-#: substring search: a regex costs 3x orjson's parse).
-_DIGITS = bytes(48 if 48 <= c <= 57 else 32 for c in range(256))
-_LONG_RUN = b"0" * 19
+#: An integer of 19 digits or more is one orjson may read as a float where ``json`` reads an
+#: int (orjson keeps integers in [-2**63, 2**64 - 1] only): a text holding one goes to
+#: ``json.loads``. Found in one C pass that maps every digit to "0", ``.`` and ``e``/``E`` to
+#: themselves and everything else to " ", then substring searches (a regex costs 3x orjson's
+#: parse): a run of 19 "0" after a " " (or at the start) not followed by ``.`` or ``e`` is an
+#: integer's digits; the digits of a fraction or an exponent (``0.016527635976672173``, as
+#: any client's FP32 data has) follow ``.`` or ``e`` and are floats to both parsers.
+_NUMBER_CHARS = bytes(48 if 48 <= c <= 57 else c if c in b".eE" else 32 for c in range(256))
+_LONG_RUN = b" " + b"0" * 19
+
+
+def _long_integer(text: bytes) -> bool:
+    """Whether ``text`` (JSON) may hold an integer of 19 digits or more (see above)."""
+    mapped = b" " + text.translate(_NUMBER_CHARS)
+    at = mapped.find(_LONG_RUN)
+    while at >= 0:
+        end = at + len(_LONG_RUN)
+        while end < len(mapped) and mapped[end] == 48:  # "0"
+            end += 1
+        if end == len(mapped) or mapped[end] not in b".eE":
+            return True
+        at = mapped.find(_LONG_RUN, end)
+    return False
+
+
 #: A text with this many brackets may nest deeper than ``json.loads`` parses (it raises
 #: RecursionError near the interpreter's recursion limit, 1,000; orjson goes to 1,024, and
 #: code that walks a value that deep would fail later): it goes to ``json.loads``.
@@ -47,10 +66,10 @@ def loads(text: bytes) -> Any:
     """``json.loads(text)``, faster: orjson parses what is strict RFC 8259 JSON within its
     limits (most requests); the rest goes to ``json.loads``, so the values accepted and the
     errors raised are ``json.loads``'s own: what orjson refuses (``NaN``, lone surrogates,
-    malformed text), any text with a 19-digit run (an integer orjson would turn into a float)
+    malformed text), any text that may hold an integer of 19 digits (:func:`_long_integer`)
     and any with :data:`MAX_ORJSON_BRACKETS` brackets or more (nesting)."""
     brackets = text.count(b"[") + text.count(b"{")
-    if brackets < MAX_ORJSON_BRACKETS and _LONG_RUN not in text.translate(_DIGITS):
+    if brackets < MAX_ORJSON_BRACKETS and not _long_integer(text):
         try:
             return orjson.loads(text)
         except orjson.JSONDecodeError:

@@ -20,6 +20,10 @@ ACCEPTED = [
     b'{"huge": 1e400}',
     b"\xef\xbb\xbf{}",  # a UTF-8 byte order mark
     b"[" * 900 + b"]" * 900,
+    b"[0.016527635976672173, 12345678901234567890.5, 1e0000000000000000005, 1.0000000000000000000001e-3]",
+    b"[1.5, 12345678901234567890]",  # an integer after floats
+    b"12345678901234567890",
+    b'{"id": "12345678901234567890123"}',
 ]
 REFUSED = [b"", b"{", b'{"a": 1,}', b"\xff", b'{"a": "\x01"}', b"[1] 2"]
 
@@ -37,6 +41,15 @@ def test_loads_refuses_what_json_refuses_with_its_error(text):
     with pytest.raises(ValueError) as theirs:
         json.loads(text)
     assert (type(ours.value), str(ours.value)) == (type(theirs.value), str(theirs.value))
+
+
+def test_float_data_with_long_fractions_is_parsed_by_orjson(monkeypatch):
+    """FP32 data as clients write it (``0.0027385002467781305``: 19 digits after the point) is
+    no long integer: orjson parses it, ``json.loads`` is never called."""
+    monkeypatch.setattr(json, "loads", lambda *_: pytest.fail("json.loads used"))
+    data = [0.0027385002467781305, *np.random.default_rng(0).random(63, np.float32).tolist()]
+    text = json.dumps({"inputs": [{"name": "x", "data": data}]}, separators=(",", ":")).encode()
+    assert loads(text)["inputs"][0]["data"] == data
 
 
 def test_deep_nesting_is_jsons_recursion_error():
