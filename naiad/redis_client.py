@@ -7,7 +7,9 @@ gets that much more than its longest block, or redis-py would time the read out 
 Commands are packed into RESP by hiredis's C ``pack_command`` (:class:`HiredisPacking`), as
 redis-py's synchronous client does when hiredis is installed; its asyncio client packs in
 Python, about 1 µs an argument (68 µs for a worker's reply pipeline of a batch of 6, 69
-arguments; 29 µs with hiredis; docs/benchmarks.md). The bytes sent are the same.
+arguments; 29 µs with hiredis; docs/benchmarks.md). The bytes sent are the same. A command
+whose write cannot wait is sent without redis-py's ``asyncio.wait_for`` around it
+(:meth:`HiredisPacking.send_packed_command`).
 """
 
 from __future__ import annotations
@@ -46,6 +48,31 @@ class HiredisPacking:
             return [hiredis.pack_command(args)]
         except TypeError:
             return super().pack_command(*args)  # type: ignore[misc]
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        """redis-py's send, without its ``asyncio.wait_for`` (in Python 3.11 a task and a timer
+        per command) when the write cannot wait: connected, no health check due, nothing left
+        unsent from earlier writes. The bytes then go to the transport at once and ``drain``
+        would return without waiting, so there is nothing for the socket timeout to bound; a
+        write that leaves the buffer over its high-water mark makes the next command take
+        redis-py's own path, which drains under the timeout. Replies are read under the
+        socket timeout as before."""
+        writer = self._writer  # type: ignore[attr-defined]
+        if (
+            writer is None
+            or self._reader is None  # type: ignore[attr-defined]
+            or (check_health and self.health_check_interval)  # type: ignore[attr-defined]
+            or writer.transport.is_closing()
+            or writer.transport.get_write_buffer_size()
+        ):
+            return await super().send_packed_command(command, check_health)  # type: ignore[misc]
+        if isinstance(command, str):
+            command = command.encode()
+        try:
+            writer.writelines([command] if isinstance(command, bytes) else command)
+        except BaseException:  # as redis-py: a write cut midway leaves the connection unusable
+            await self.disconnect(nowait=True)  # type: ignore[attr-defined]
+            raise
 
 
 _PACKING: dict[type, type] = {}

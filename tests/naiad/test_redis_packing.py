@@ -63,3 +63,40 @@ def test_a_real_redis_answers_packed_commands(redis_url):
             await client.aclose()
 
     asyncio.run(run())
+
+
+def test_a_write_that_cannot_wait_skips_wait_for_and_one_that_can_keeps_it(redis_url, monkeypatch):
+    """No ``asyncio.wait_for`` (a task and a timer in Python 3.11) around a write that goes to
+    an empty transport buffer; a write behind unsent bytes goes through redis-py's path,
+    whose drain the socket timeout bounds. Either way Redis gets the command."""
+    import redis.asyncio.connection as redis_connection
+
+    calls = []
+    real_wait_for = asyncio.wait_for
+
+    def counting_wait_for(awaitable, timeout):
+        calls.append(timeout)
+        return real_wait_for(awaitable, timeout)
+
+    monkeypatch.setattr(redis_connection.asyncio, "wait_for", counting_wait_for)
+
+    async def run():
+        client = connect(redis_url)
+        try:
+            await client.set("send:a", 1)  # connects (redis-py's path once), then sends
+            calls.clear()
+            assert await client.incr("send:a") == 2
+            assert calls == []
+            connection = await client.connection_pool.get_connection()
+            try:
+                transport = connection._writer.transport
+                monkeypatch.setattr(transport, "get_write_buffer_size", lambda: 1)  # bytes unsent
+                await connection.send_command("INCR", "send:a")
+                assert await connection.read_response() == 3
+                assert calls == [connection.socket_timeout]
+            finally:
+                await client.connection_pool.release(connection)
+        finally:
+            await client.aclose()
+
+    asyncio.run(run())
