@@ -151,3 +151,18 @@ def test_enqueues_of_one_turn_share_one_call_and_each_meets_the_bound(redis_url:
                 assert (await call).outputs[0].data.tolist() == [[float(i)]]
 
     run(redis_url, scenario)
+
+
+def test_an_enqueue_after_redis_lost_its_scripts_loads_the_script_again(redis_url: str) -> None:
+    """A restarted Redis knows no script (NOSCRIPT for EVALSHA): the enqueue loads it again
+    and the request goes through."""
+
+    async def scenario(dispatcher: QueueDispatcher, redis) -> None:
+        for value in (1.0, 2.0):
+            await redis.script_flush()
+            waiting = asyncio.create_task(dispatcher.infer(request(value), 10, placement=placement()))
+            (queued,) = await claim(redis)
+            await answer(redis, queued)
+            assert (await waiting).outputs[0].data.tolist() == [[value]]
+
+    run(redis_url, scenario)
