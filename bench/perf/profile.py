@@ -101,7 +101,8 @@ def spy(pid: int, out: Path, name: str, duration_s: float, rate: int) -> subproc
 
 
 async def profile(server, args) -> dict:
-    tgt = target(server.http_url, args.model, encoding=args.encoding)
+    url = server.grpc_url if args.protocol == "grpc" else server.http_url
+    tgt = target(url, args.model, protocol=args.protocol, encoding=args.encoding)
     client = loadgen.make_client(tgt)
     try:
         await loadgen.probe(client, tgt, 60)
@@ -156,7 +157,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="digits")
     parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--encoding", choices=["binary", "json"], default="binary")
+    parser.add_argument("--encoding", choices=["binary", "json"], default="binary", help="HTTP body")
+    parser.add_argument("--protocol", choices=["http", "grpc"], default="http")
     parser.add_argument("--warmup", type=float, default=5.0)
     parser.add_argument("--duration", type=float, default=12.0, help="py-spy seconds (load: 2 s less)")
     parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
