@@ -43,7 +43,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from naiad import keys, logs, tasks, tracing
+from naiad import group_commit, keys, logs, tasks, tracing
 from naiad.codec import Reply, decode_replies, encode_request
 from naiad.errors import DeadlineExceeded, InvalidInput, Overloaded, QueueTimeout, Unavailable
 from naiad.ids import fresh_id
@@ -255,8 +255,9 @@ class QueueDispatcher:
         self, script_keys: tuple[str, str], head: tuple[int, str, int], fields: list[Any]
     ) -> tuple[bytes | None, int]:  # fmt: skip
         """One entry's :data:`BOUNDED_XADD`, group-committed: ``(entry id or None when the
-        queue was full, live workers)``. The enqueues made in one turn of the loop, and
-        those made while a write is in flight, go together: one script call per stream
+        queue was full, live workers)``. The enqueues made in one turn of the loop, those
+        made while a write is in flight, and those that keep arriving turn after turn
+        (:mod:`naiad.group_commit`) go together: one script call per stream
         (``script_keys``) and bound (``head``: max queue, group, batch), several in one
         pipeline of ``EVAL`` (a pipeline holding a registered script would first send
         SCRIPT EXISTS), so under load one round trip (one write, one wake-up of Redis) and one
@@ -279,7 +280,7 @@ class QueueDispatcher:
 
     def _send_next_adds(self) -> None:
         """Send what waits for the next write (or go idle, when nothing does): a task that
-        takes the waiting enqueues when it first runs, so those of the same turn join."""
+        takes the waiting enqueues once :func:`naiad.group_commit.gathered` lets it."""
         self._adding = bool(self._next_adds)
         if self._adding:
             task = asyncio.get_running_loop().create_task(self._add_many())
@@ -293,6 +294,7 @@ class QueueDispatcher:
         self._send_next_adds()
 
     async def _add_many(self) -> None:
+        await group_commit.gathered(lambda: len(self._next_adds))
         groups: dict[tuple[Any, ...], list[_Add]] = {}
         for add in self._next_adds:
             if not add[3].cancelled():

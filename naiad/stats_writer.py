@@ -8,8 +8,9 @@ so a client that has its answer still sees its counters there. A request that fi
 a write is in flight joins the next one: under load, one pipeline (one round trip) carries
 the counters of every request that finished meanwhile, instead of one per request, its
 counters summed per field (:class:`Counters`). A write is sent on the event loop's next turn,
-never held back to gather more: a client answered here that then asks another gateway finds
-its counters there too (in practice: no flush covers that case).
+or, while requests keep finishing turn after turn, once they stop or within
+:data:`naiad.group_commit.GATHER_S` (0.5 ms): a client answered here that then asks another
+gateway finds its counters there unless it asks within that time (no flush covers that case).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Callable
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
 
-from naiad import stats
+from naiad import group_commit, stats
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +93,7 @@ class StatsWriter:
 
     async def _write(self) -> None:
         try:
+            await group_commit.gathered(lambda: len(self._adds))
             while self._adds:
                 adds, done = self._adds, self._done
                 self._adds, self._done, self._sending = [], None, done
