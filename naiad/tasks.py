@@ -5,8 +5,8 @@ operation is finishing (CPython gh-86296; 3.12 rebuilt ``wait_for`` on ``asyncio
 redis-py wraps every socket write in ``wait_for`` when the client has a ``socket_timeout``
 (``redis.asyncio.connection.AbstractConnection.send_packed_command``), and Naiad's clients
 all have one (:mod:`naiad.redis_client`, which skips it only for a write that cannot wait),
-so a ``task.cancel()`` landing on a loop's Redis call can be lost: the task runs on, and an ``await task`` after it waits forever. Seen as a
-rate-limited worker that ran its batch but never gave its resources back (its lease keeper,
+so a ``task.cancel()`` landing on a loop's Redis call can be lost: the task runs on, and an
+``await task`` after it waits forever. Seen as a rate-limited worker that ran its batch but never gave its resources back (its lease keeper,
 cancelled once, kept renewing) and a shutdown stuck on the scaler.
 """
 
