@@ -6,8 +6,9 @@ redis-py wraps every socket write in ``wait_for`` when the client has a ``socket
 (``redis.asyncio.connection.AbstractConnection.send_packed_command``), and Naiad's clients
 all have one (:mod:`naiad.redis_client`, which skips it only for a write that cannot wait),
 so a ``task.cancel()`` landing on a loop's Redis call can be lost: the task runs on, and an
-``await task`` after it waits forever. Seen as a rate-limited worker that ran its batch but never gave its resources back (its lease keeper,
-cancelled once, kept renewing) and a shutdown stuck on the scaler.
+``await task`` after it waits forever. Seen as a rate-limited worker that ran its batch but
+never gave its resources back (its lease keeper, cancelled once, kept renewing) and a
+shutdown stuck on the scaler.
 """
 
 from __future__ import annotations
