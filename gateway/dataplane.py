@@ -9,12 +9,11 @@ model that looks local). Response shapes follow the KServe v2 protocol's "Server
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -99,6 +98,21 @@ def index_rows(entry: ModelEntry, rolled_back: dict[int, str] | None = None) -> 
     return rows
 
 
+class _Admission:
+    """One request counted in :attr:`DataPlane._inflight` while its block runs."""
+
+    __slots__ = ("_dataplane",)
+
+    def __init__(self, dataplane: DataPlane):
+        self._dataplane = dataplane
+
+    def __enter__(self) -> None:
+        self._dataplane._inflight += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self._dataplane._inflight -= 1
+
+
 class DataPlane:
     """Server and model operations; raises :class:`NaiadError` subclasses for clients."""
 
@@ -131,18 +145,14 @@ class DataPlane:
         # Triton's system shared memory regions, registered with this gateway process.
         self.shared_memory = shared_memory or SystemSharedMemory(MAX_SHM_READ_BYTES)
 
-    @contextlib.contextmanager
-    def admit(self) -> Iterator[None]:
+    def admit(self) -> _Admission:
         """One inference request carried by this gateway, from its first byte read to its
-        answer; raises :class:`Overloaded` at once when ``max_inflight`` are already (the
-        transports wrap their whole infer handler, body reading included, in it)."""
+        answer (a context manager); raises :class:`Overloaded` at once when ``max_inflight``
+        are already (the transports wrap their whole infer handler, body reading included,
+        in it)."""
         if self._inflight >= self.max_inflight:
             raise Overloaded(f"the gateway carries {self.max_inflight} requests already; retry later")
-        self._inflight += 1
-        try:
-            yield
-        finally:
-            self._inflight -= 1
+        return _Admission(self)
 
     async def close(self) -> None:
         """After the endpoints closed: cancel the shadow copies still waiting (their answers
@@ -286,9 +296,10 @@ class DataPlane:
             raise InvalidInput("unload parameter 'unload_dependents' must be a boolean")
         await self.registry.unload(name)
 
-    async def infer(self, request: InferRequest) -> InferResponse:
+    async def infer(self, request: InferRequest, entry: ModelEntry | None = None) -> InferResponse:
         """:meth:`_infer` with the request's log context (request id: the client's ``id``, or
-        a fresh one) and, when tracing is on, the ``naiad.infer`` span around it."""
+        a fresh one) and, when tracing is on, the ``naiad.infer`` span around it. ``entry``:
+        the model's registry entry when the caller has it already (:meth:`route`)."""
         request_id = request.id or fresh_id()
         attributes = (
             {"naiad.model": request.model, "naiad.version": request.version, "naiad.request_id": request_id}
@@ -299,7 +310,7 @@ class DataPlane:
                 tracing.span("naiad.infer", attributes, kind="server"):
             try:
                 with self.shared_memory.hold(request):  # output regions: checked, kept
-                    response = await self._infer(request)
+                    response = await self._infer(request, entry)
                     self.shared_memory.write_outputs(request, response)  # cache hits too
             except Exception as exc:
                 logger.debug("infer failed: %s", exc)
@@ -308,13 +319,14 @@ class DataPlane:
                 logger.debug("infer done in %.2f ms", (time.perf_counter_ns() - started_ns) / 1e6)
             return response
 
-    async def _infer(self, request: InferRequest) -> InferResponse:
+    async def _infer(self, request: InferRequest, entry: ModelEntry | None = None) -> InferResponse:
         """Validate ``request`` (already resolved to a version) and run it on a worker.
 
         A request that passes validation counts in the model's statistics as a success or a
         failure, with its duration here (Triton counts only requests that reach the model).
         """
-        entry = await self.registry.get(request.model)
+        if entry is None:
+            entry = await self.registry.get(request.model)
         self._shadow(entry, request)
         return await self._serve(entry, request)
 

@@ -269,7 +269,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             infer_request.parameters = bounded_timeout(
                 infer_request.parameters, context.time_remaining(), self._dp.request_timeout_s
             )
-            response = await self._dp.infer(infer_request)
+            response = await self._dp.infer(infer_request, entry)
             return to_infer_response(response, shared_memory_outputs(infer_request))
 
     async def ModelStreamInfer(

@@ -216,7 +216,7 @@ async def answer_infer(
         infer_request = await _off_loop(
             len(body), parse_infer_request, body, header_length, entry.name, version_number, dp.shared_memory
         )
-    response = await dp.infer(infer_request)
+    response = await dp.infer(infer_request, entry)
     payload, answer_headers = render_infer_response(response, infer_request)
     # Inference-Header-Content-Length keeps counting uncompressed bytes: tritonclient
     # decompresses first, then splits (tritonclient/http/_infer_result.py).

@@ -188,7 +188,8 @@ class FastFront(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._buffer = bytearray()
         self._task: asyncio.Task[None] | None = None
-        self._idle: asyncio.TimerHandle | None = None
+        self._idle: asyncio.TimerHandle | None = None  # the keep-alive timer (_keepalive)
+        self._idle_since: float | None = None  # loop time it last went idle; None: busy
         self._body_timer: asyncio.TimerHandle | None = None  # waiting for a body's rest
         self._reservation: Reservation | None = None  # that body's bytes, meanwhile
         self._closing = False  # the server is shutting down: no new request
@@ -200,9 +201,7 @@ class FastFront(asyncio.Protocol):
         self._server.connection_made(self, transport)  # the connection cap, the header timer
 
     def data_received(self, data: bytes) -> None:
-        if self._idle is not None:
-            self._idle.cancel()
-            self._idle = None
+        self._idle_since = None  # the keep-alive timer, when armed, finds the connection busy
         idle = not self._buffer and self._task is None and not self._writing_paused
         if idle and self.transport is not None:
             self._server.arm_header_timer(self, self.transport)  # a request's head begins
@@ -247,7 +246,9 @@ class FastFront(asyncio.Protocol):
             self.transport.close()
             return
         if not self._buffer:
-            self._idle = self._loop.call_later(self._limits.keepalive_timeout_s, self.transport.close)
+            self._idle_since = self._loop.time()
+            if self._idle is None:
+                self._idle = self._loop.call_later(self._limits.keepalive_timeout_s, self._keepalive)
             return
         head = parse_head(self._buffer, self._limits.max_body_bytes)
         if head is None:
@@ -265,6 +266,19 @@ class FastFront(asyncio.Protocol):
         del self._buffer[:end]
         self._task = self._loop.create_task(self._answer(head, body, reservation))
         self._task.add_done_callback(self._answered)
+
+    def _keepalive(self) -> None:
+        """The keep-alive timer: close a connection idle for the keep-alive timeout; else
+        wait again, until that long after it last went idle (when it is idle now; a busy one
+        arms it anew when it next goes idle). One timer a connection, not one a request."""
+        self._idle = None
+        if self._idle_since is None or self.transport is None:
+            return
+        left = self._idle_since + self._limits.keepalive_timeout_s - self._loop.time()
+        if left <= 0:
+            self.transport.close()
+        else:
+            self._idle = self._loop.call_later(left, self._keepalive)
 
     def _wait_for_body(self, head: Head) -> None:
         """The head is here, its body not whole: wait :data:`BODY_WAIT_S` for a small one,
@@ -324,6 +338,9 @@ class FastFront(asyncio.Protocol):
     def _hand_over(self) -> None:
         """aiohttp's handler takes the connection, with the bytes received so far."""
         self._stop_waiting()
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
         transport, data = self.transport, bytes(self._buffer)
         self._buffer.clear()
         deadline = self._server.header_deadline(self)  # the head being read keeps its deadline

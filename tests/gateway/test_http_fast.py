@@ -197,6 +197,22 @@ def test_connection_close_and_the_keepalive_timeout_end_the_connection(server) -
         assert 3.5 < time.monotonic() - started < 10
 
 
+def test_the_keepalive_timeout_counts_from_the_last_answer(server) -> None:
+    """Requests 3 s apart on one connection (keep-alive 4 s) keep it open past the first
+    request's 4 s; idle after the last answer, it closes 4 s later (one timer a connection,
+    moved along, not one a request)."""
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=30) as sock:
+        for _ in range(3):
+            sock.sendall(head() + BODY)
+            assert read_answers(sock, 1)[0][0] == 200
+            time.sleep(3)
+        sock.sendall(head() + BODY)
+        assert read_answers(sock, 1)[0][0] == 200  # 9 s after the first: still open
+        started = time.monotonic()
+        assert sock.recv(100) == b""
+        assert 3.5 < time.monotonic() - started < 10
+
+
 def successes(server) -> int:
     """The digits model's successful requests (statistics extension; flushed first)."""
     stats = requests.get(f"{server.http}/v2/models/digits/stats", timeout=30).json()
