@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import time
 import uuid
@@ -102,8 +103,8 @@ WITHDRAW_TIMEOUT_S = 2.0
 
 
 #: One enqueue waiting for the next write: the script's keys, its head arguments (max queue,
-#: group, batch), the entry's fields (name, value, ...) and its caller's future.
-_Add = tuple[tuple[str, str], tuple[int, str, int], list[Any], "asyncio.Future[tuple[bytes | None, int]]"]
+#: group, batch), the entry's fields (name, value, ...), its caller's future and the model.
+_Add = tuple[tuple[str, str], tuple[int, str, int], list[Any], "asyncio.Future[bytes | None]", str]
 
 
 def _expire(future: asyncio.Future[Any]) -> None:
@@ -132,7 +133,9 @@ class QueueDispatcher:
         self._reject = redis.register_script(REJECT_UNCLAIMED)
         self._xadd = redis.register_script(BOUNDED_XADD)
         self._order = ReplyOrder()
-        self._withdrawals: set[asyncio.Task[None]] = set()
+        self._withdrawals: list[tuple[str, bytes]] = []  # (stream, entry id) to withdraw
+        self._wakes: set[str] = set()  # models to wake
+        self._chores: asyncio.Task[None] | None = None  # sends the two above
         self._adding = False  # an XADD (or a pipeline of them) is in flight
         self._next_adds: list[_Add] = []
 
@@ -151,8 +154,8 @@ class QueueDispatcher:
             await tasks.cancel_and_wait(self._reader)
         for future in self._pending.values():
             future.cancel()
-        if self._withdrawals:
-            await asyncio.wait(list(self._withdrawals), timeout=WITHDRAW_TIMEOUT_S)
+        if self._chores is not None:
+            await asyncio.wait([self._chores], timeout=2 * WITHDRAW_TIMEOUT_S)
 
     async def infer(
         self, request: InferRequest, timeout_s: float, max_queue: int = 0, placement: Placement | None = None
@@ -175,11 +178,9 @@ class QueueDispatcher:
         slot = self._order.open(placement.stream) if placement.ordered else None
         entry_id: bytes | None = None
         try:
-            entry_id, live = await self._enqueue(queue_id, request, timeout_s, placement)
+            entry_id = await self._enqueue(queue_id, request, timeout_s, placement)
             entry_at = loop.time()
             deadline = entry_at + timeout_s
-            if live == 0:
-                await self._wake(request.model)
             if slot is not None:
                 self._order.place(slot, entry_id)
             reply = await self._await_reply(future, placement, entry_id, entry_at, deadline)
@@ -231,10 +232,10 @@ class QueueDispatcher:
 
     async def _enqueue(
         self, queue_id: str, request: InferRequest, timeout_s: float, placement: Placement
-    ) -> tuple[bytes, int]:
-        """The bounded XADD of ``request`` (:data:`BOUNDED_XADD`): the new entry's id and the
-        model's live workers. Raises :class:`Overloaded` when the queue is full,
-        :class:`Unavailable` when Redis cannot be reached."""
+    ) -> bytes:
+        """The bounded XADD of ``request`` (:data:`BOUNDED_XADD`): the new entry's id. Raises
+        :class:`Overloaded` when the queue is full, :class:`Unavailable` when Redis cannot be
+        reached."""
         with tracing.span("naiad.enqueue", kind="producer"):
             now = time.time()
             fields = encode_request(
@@ -244,19 +245,21 @@ class QueueDispatcher:
             flat = [item for pair in fields.items() for item in pair]
             max_queue, script_keys = placement.max_queue, (placement.stream, keys.workers(request.model))
             head = (max_queue, keys.WORKER_GROUP, placement.batch)
-            entry_id, live = await self._add(script_keys, head, flat)
+            entry_id = await self._add(script_keys, head, flat, request.model)
         if entry_id is None:
             level = f" at priority level {placement.level}" if placement.level else ""
             raise Overloaded(f"Exceeds maximum queue size: the queue of model '{request.model}'"
                              f"{level} is full ({max_queue} requests)")  # fmt: skip
-        return entry_id, live
+        return entry_id
 
     async def _add(
-        self, script_keys: tuple[str, str], head: tuple[int, str, int], fields: list[Any]
-    ) -> tuple[bytes | None, int]:  # fmt: skip
-        """One entry's :data:`BOUNDED_XADD`, group-committed: ``(entry id or None when the
-        queue was full, live workers)``. The enqueues made in one turn of the loop, those
-        made while a write is in flight, and those that keep arriving turn after turn
+        self, script_keys: tuple[str, str], head: tuple[int, str, int], fields: list[Any], model: str
+    ) -> bytes | None:  # fmt: skip
+        """One entry's :data:`BOUNDED_XADD` for ``model``, group-committed: the entry's id,
+        or None when the queue was full. A model found with no live worker is woken once a
+        write (:meth:`_chore`), in the background: its requests wait in the stream. The
+        enqueues made in one turn of the loop, those made while a write is in flight, and
+        those that keep arriving turn after turn
         (:mod:`naiad.group_commit`) go together: one script call per stream
         (``script_keys``) and bound (``head``: max queue, group, batch), several in one
         pipeline of ``EVAL`` (a pipeline holding a registered script would first send
@@ -265,15 +268,15 @@ class QueueDispatcher:
 
         No task or shield per request: a caller cancelled while its enqueue is in flight
         leaves a cancelled future, and :meth:`_add_many` withdraws the entry it gets back."""
-        future: asyncio.Future[tuple[bytes | None, int]] = asyncio.get_running_loop().create_future()
-        self._next_adds.append((script_keys, head, fields, future))
+        future: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
+        self._next_adds.append((script_keys, head, fields, future, model))
         if not self._adding:
             self._send_next_adds()
         try:
             return await future
         except asyncio.CancelledError:  # its answer came, but the caller was cancelled first
             if future.done() and not future.cancelled() and future.exception() is None:
-                self._withdraw(script_keys[0], future.result()[0])
+                self._withdraw(script_keys[0], future.result())
             raise
         except RedisError as exc:
             raise Unavailable(f"queue unavailable: {exc}") from None
@@ -282,8 +285,8 @@ class QueueDispatcher:
         """Send what waits for the next write (or go idle, when nothing does): a task that
         takes the waiting enqueues once :func:`naiad.group_commit.gathered` lets it."""
         self._adding = bool(self._next_adds)
-        if self._adding:
-            task = asyncio.get_running_loop().create_task(self._add_many())
+        if self._adding:  # in a context of its own: its log records belong to no request
+            task = asyncio.get_running_loop().create_task(self._add_many(), context=contextvars.Context())
             task.add_done_callback(self._added)
 
     def _added(self, task: asyncio.Task[None]) -> None:
@@ -323,48 +326,72 @@ class QueueDispatcher:
                     add[3].cancel()
             raise
         for adds, result in zip(groups.values(), results, strict=True):
-            for i, (script_keys, _, _, future) in enumerate(adds):
+            if not isinstance(result, Exception) and result[0] == 0 and any(result[1:]):
+                self._chore(wake=adds[0][4])  # no live worker: one wake for the whole write
+            for i, (script_keys, _, _, future, _) in enumerate(adds):
                 entry_id = None if isinstance(result, Exception) else result[1 + i]
                 if future.cancelled():  # its caller went away meanwhile: take the entry back
                     self._withdraw(script_keys[0], entry_id)
                 elif isinstance(result, Exception):
                     future.set_exception(result)
                 else:
-                    future.set_result((entry_id, result[0]))
+                    future.set_result(entry_id)
 
     def _withdraw(self, stream: str, entry_id: bytes | None) -> None:
         """XACK + XDEL ``entry_id`` in the background (the caller is being cancelled, and a
-        second cancellation must not interrupt it); errors are logged, never raised."""
-        if entry_id is None:
-            return
-        task = asyncio.create_task(self._withdraw_entry(stream, entry_id))
-        self._withdrawals.add(task)
-        task.add_done_callback(self._withdrawals.discard)
+        second cancellation must not interrupt it), with the other withdrawals and wakes
+        waiting then (:meth:`_chore`); errors are logged, never raised."""
+        if entry_id is not None:
+            self._chore(withdraw=(stream, entry_id))
 
-    async def _withdraw_entry(self, stream: str, entry_id: bytes) -> None:
+    def _chore(self, withdraw: tuple[str, bytes] | None = None, wake: str | None = None) -> None:
+        """Queue a withdrawal or a scaler wake for the chores writer: one task at a time
+        sends every chore waiting (:func:`naiad.group_commit.gathered`) in one transaction,
+        so a burst of cancellations or of requests to a model at zero costs one round trip
+        and one connection, not one each (a pool of connections has a bound)."""
+        if withdraw is not None:
+            self._withdrawals.append(withdraw)
+        if wake is not None:
+            self._wakes.add(wake)
+        if self._chores is None:
+            self._chores = asyncio.get_running_loop().create_task(
+                self._send_chores(), context=contextvars.Context()
+            )  # fmt: skip
+
+    async def _send_chores(self) -> None:
+        try:
+            await group_commit.gathered(lambda: len(self._withdrawals) + len(self._wakes))
+            while self._withdrawals or self._wakes:
+                withdrawals, self._withdrawals = self._withdrawals, []
+                wakes, self._wakes = self._wakes, set()
+                await self._send_chores_once(withdrawals, wakes)
+        finally:
+            self._chores = None
+
+    async def _send_chores_once(self, withdrawals: list[tuple[str, bytes]], wakes: set[str]) -> None:
+        """XACK + XDEL of ``withdrawals`` (per stream) and a wake of each of ``wakes`` (the
+        wake list is capped with LTRIM: under KEDA no local scaler pops it, and one wake per
+        model is all a scaler needs anyway), within :data:`WITHDRAW_TIMEOUT_S`. A wake that
+        fails is not retried: the scaler's tick finds the model's backlog itself."""
+        by_stream: dict[str, list[bytes]] = {}
+        for stream, entry_id in withdrawals:
+            by_stream.setdefault(stream, []).append(entry_id)
         try:
             async with asyncio.timeout(WITHDRAW_TIMEOUT_S):
                 async with self.redis.pipeline(transaction=True) as pipe:
-                    pipe.xack(stream, keys.WORKER_GROUP, entry_id)
-                    pipe.xdel(stream, entry_id)  # runs even when XACK finds no group
-                    _, deleted = await pipe.execute(raise_on_error=False)
+                    for stream, ids in by_stream.items():
+                        pipe.xack(stream, keys.WORKER_GROUP, *ids)
+                        pipe.xdel(stream, *ids)  # runs even when XACK finds no group
+                    if wakes:
+                        pipe.rpush(keys.SCALER_WAKE, *sorted(wakes))
+                        pipe.ltrim(keys.SCALER_WAKE, -keys.SCALER_WAKE_MAX, -1)
+                    await pipe.execute(raise_on_error=False)
         except (RedisError, TimeoutError) as exc:
-            logger.warning("could not withdraw a cancelled request from %s: %s", stream, exc)
+            logger.warning("could not withdraw %d cancelled requests nor wake %s: %s",
+                           len(withdrawals), sorted(wakes) or "no model", exc)  # fmt: skip
             return
-        if deleted:
-            logger.debug("withdrew entry %s from %s", entry_id, stream)
-
-    async def _wake(self, model: str) -> None:
-        """Ask the scaler for a worker. The list is capped (LTRIM): under KEDA no local
-        scaler pops it, and one wake per model is all a scaler needs anyway. Raises
-        :class:`Unavailable` when Redis cannot be reached."""
-        try:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.rpush(keys.SCALER_WAKE, model)
-                pipe.ltrim(keys.SCALER_WAKE, -keys.SCALER_WAKE_MAX, -1)
-                await pipe.execute()
-        except RedisError as exc:
-            raise Unavailable(f"queue unavailable: {exc}") from None
+        if withdrawals:
+            logger.debug("withdrew %d entries", len(withdrawals))
 
     async def _read_replies(self) -> None:
         backoff = 0.1

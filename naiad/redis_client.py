@@ -21,6 +21,11 @@ import redis.asyncio as aioredis
 
 COMMAND_TIMEOUT_S = 2.0
 CONNECT_TIMEOUT_S = 1.0
+#: Connections one client opens at most. A command that finds them all busy waits for one,
+#: at most :data:`COMMAND_TIMEOUT_S` (redis-py's plain pool would refuse it at once with
+#: "Too many connections": a burst of a few hundred requests that each need a command of
+#: their own, such as response-cache lookups, failed most of them).
+MAX_CONNECTIONS = 100
 
 
 #: An argument longer than this (bytes: a tensor's data) or any memoryview sends its command
@@ -86,11 +91,14 @@ def _with_hiredis_packing(connection_class: type) -> type:
 
 
 def connect(url: str, longest_block_s: float = 0.0) -> aioredis.Redis:
-    """An asyncio client for ``url`` (``redis://``, ``rediss://`` or ``unix://``)."""
-    pool = aioredis.ConnectionPool.from_url(
+    """An asyncio client for ``url`` (``redis://``, ``rediss://`` or ``unix://``), its pool
+    bounded and waiting (:data:`MAX_CONNECTIONS`)."""
+    pool = aioredis.BlockingConnectionPool.from_url(
         url,
         socket_timeout=COMMAND_TIMEOUT_S + longest_block_s,
         socket_connect_timeout=CONNECT_TIMEOUT_S,
+        max_connections=MAX_CONNECTIONS,
+        timeout=COMMAND_TIMEOUT_S,
     )
     pool.connection_class = _with_hiredis_packing(pool.connection_class)
     client = aioredis.Redis(connection_pool=pool)

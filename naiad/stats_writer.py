@@ -16,6 +16,7 @@ gateway finds its counters there unless it asks within that time (no flush cover
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections.abc import Callable
 
@@ -76,8 +77,8 @@ class StatsWriter:
         if self._done is None:
             self._done = asyncio.get_running_loop().create_future()
         self._adds.append(add)
-        if self._writer is None:
-            self._writer = asyncio.create_task(self._write())
+        if self._writer is None:  # in a context of its own: its log records belong to no request
+            self._writer = asyncio.create_task(self._write(), context=contextvars.Context())
         return self._done
 
     async def record(self, add: Add) -> None:

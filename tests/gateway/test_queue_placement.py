@@ -166,3 +166,47 @@ def test_an_enqueue_after_redis_lost_its_scripts_loads_the_script_again(redis_ur
             assert (await waiting).outputs[0].data.tolist() == [[value]]
 
     run(redis_url, scenario)
+
+
+BURST = 300  # more than one client's connections (naiad.redis_client.MAX_CONNECTIONS)
+
+
+def test_a_burst_to_a_model_at_zero_is_queued_whole_and_wakes_it_once_a_write(redis_url: str) -> None:
+    """300 requests at once to a model with no live worker: every one is queued (none is
+    refused for want of a connection, as 300 wakes at once were), the scaler is woken once
+    per write, not once per request, and each caller gets its own answer."""
+
+    async def scenario(dispatcher: QueueDispatcher, redis) -> None:
+        await redis.delete(keys.SCALER_WAKE)
+        calls = [asyncio.create_task(dispatcher.infer(request(i), 20, placement=placement()))
+                 for i in range(BURST)]  # fmt: skip
+        await wait_queued(redis, HIGH, BURST)
+        wakes = await redis.lrange(keys.SCALER_WAKE, 0, -1)
+        assert wakes and set(wakes) == {MODEL.encode()} and len(wakes) <= 10, len(wakes)
+        queued = await claim(redis, count=BURST)
+        for q in queued:
+            await answer(redis, q)
+        results = await asyncio.gather(*calls)
+        assert [r.outputs[0].data.item() for r in results] == list(range(BURST))
+
+    run(redis_url, scenario)
+
+
+def test_a_burst_of_cancelled_callers_withdraws_every_entry(redis_url: str) -> None:
+    """300 queued callers that all go away at once (clients that disconnected) take every
+    entry back: withdrawals go together, not one connection each."""
+
+    async def scenario(dispatcher: QueueDispatcher, redis) -> None:
+        calls = [asyncio.create_task(dispatcher.infer(request(i), 20, placement=placement()))
+                 for i in range(BURST)]  # fmt: skip
+        await wait_queued(redis, HIGH, BURST)
+        await claim(redis, count=BURST // 3)  # some already claimed by a worker, not yet run
+        for call in calls:
+            call.cancel()
+        await asyncio.gather(*calls, return_exceptions=True)
+        deadline = time.monotonic() + 10
+        while await redis.xlen(HIGH) or (await redis.xpending(HIGH, keys.WORKER_GROUP))["pending"]:
+            assert time.monotonic() < deadline, "entries left behind"
+            await asyncio.sleep(0.01)
+
+    run(redis_url, scenario)

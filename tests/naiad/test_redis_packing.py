@@ -100,3 +100,20 @@ def test_a_write_that_cannot_wait_skips_wait_for_and_one_that_can_keeps_it(redis
             await client.aclose()
 
     asyncio.run(run())
+
+
+def test_more_commands_at_once_than_connections_wait_for_one(redis_url):
+    """300 commands at once on one client (more than its MAX_CONNECTIONS): each waits for a
+    free connection instead of failing with "Too many connections"."""
+    from naiad.redis_client import MAX_CONNECTIONS
+
+    async def run():
+        client = connect(redis_url)
+        try:
+            await client.set("burst:k", b"v")
+            got = await asyncio.gather(*(client.get("burst:k") for _ in range(3 * MAX_CONNECTIONS)))
+            assert got == [b"v"] * (3 * MAX_CONNECTIONS)
+        finally:
+            await client.aclose()
+
+    asyncio.run(run())
