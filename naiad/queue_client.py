@@ -259,12 +259,11 @@ class QueueDispatcher:
         or None when the queue was full. A model found with no live worker is woken once a
         write (:meth:`_chore`), in the background: its requests wait in the stream. The
         enqueues made in one turn of the loop, those made while a write is in flight, and
-        those that keep arriving turn after turn
-        (:mod:`naiad.group_commit`) go together: one script call per stream
-        (``script_keys``) and bound (``head``: max queue, group, batch), several in one
-        pipeline of ``EVAL`` (a pipeline holding a registered script would first send
-        SCRIPT EXISTS), so under load one round trip (one write, one wake-up of Redis) and one
-        script run carry many.
+        those that keep arriving turn after turn (:mod:`naiad.group_commit`) go together:
+        one script call per stream (``script_keys``) and bound (``head``: max queue, group,
+        batch), several in one pipeline of ``EVAL`` (a pipeline holding a registered script
+        would first send SCRIPT EXISTS), so under load one round trip (one write, one wake-up
+        of Redis) and one script run carry many.
 
         No task or shield per request: a caller cancelled while its enqueue is in flight
         leaves a cancelled future, and :meth:`_add_many` withdraws the entry it gets back."""
