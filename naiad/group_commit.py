@@ -5,9 +5,10 @@ The gateway's enqueues (:class:`naiad.queue_client.QueueDispatcher`) and statist
 are waiting when the write is sent, one write in flight at a time: under load, one round trip
 and one script call carry many requests, and the worker's batches grow with them. Callers
 that arrive together (an HTTP front reads every ready socket in one loop turn) join at once;
-callers that trickle in one loop turn apart (grpc.aio hands over one call a turn) are waited
-for while they keep coming, at most :data:`GATHER_S` and up to :data:`GATHER_MOST`. A lone
-caller waits one turn: nothing came in it.
+callers that trickle in on successive loop turns are waited for while they keep coming, at
+most :data:`GATHER_S` and up to :data:`GATHER_MOST`. A lone caller waits one turn: nothing
+came in it. (grpc.aio's calls come further apart than a turn: they are not grouped; measured
+in docs/benchmarks.md, "Stop 16".)
 """
 
 from __future__ import annotations
