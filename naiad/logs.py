@@ -61,7 +61,8 @@ JSON_RENAMES = {"levelname": "level", "name": "logger"}
 class request_context:  # noqa: N801 - a context manager used as a function
     """Within the block, every record (this task's, and tasks it starts) carries the given
     values; ``None`` leaves a value as it was. Restores the previous values on exit. (A
-    class, not a generator: entered on every request, it costs a third as much.)"""
+    class, not a generator: entered on every request, a block costs 1.7–2.0 µs against the
+    generator's 3.0–4.2, ``timeit`` on the benchmark VM.)"""
 
     __slots__ = ("_values", "_tokens")
 

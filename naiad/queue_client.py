@@ -39,7 +39,7 @@ import contextvars
 import logging
 import time
 import uuid
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -102,9 +102,14 @@ return redis.call('XDEL', KEYS[1], ARGV[2])
 WITHDRAW_TIMEOUT_S = 2.0
 
 
-#: One enqueue waiting for the next write: the script's keys, its head arguments (max queue,
-#: group, batch), the entry's fields (name, value, ...), its caller's future and the model.
-_Add = tuple[tuple[str, str], tuple[int, str, int], list[Any], "asyncio.Future[bytes | None]", str]
+class _Add(NamedTuple):
+    """One enqueue waiting for the next write."""
+
+    script_keys: tuple[str, str]  # the stream, the model's workers set
+    head: tuple[int, str, int]  # the script's head arguments: max queue, group, batch
+    fields: list[Any]  # the entry's fields: name, value, ...
+    future: asyncio.Future[bytes | None]  # its caller's
+    model: str
 
 
 def _expire(future: asyncio.Future[Any]) -> None:
@@ -268,7 +273,7 @@ class QueueDispatcher:
         No task or shield per request: a caller cancelled while its enqueue is in flight
         leaves a cancelled future, and :meth:`_add_many` withdraws the entry it gets back."""
         future: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
-        self._next_adds.append((script_keys, head, fields, future, model))
+        self._next_adds.append(_Add(script_keys, head, fields, future, model))
         if not self._adding:
             self._send_next_adds()
         try:
@@ -291,7 +296,7 @@ class QueueDispatcher:
     def _added(self, task: asyncio.Task[None]) -> None:
         if task.cancelled():  # the client is closing: nothing more is sent
             for add in self._next_adds:
-                add[3].cancel()
+                add.future.cancel()
             self._next_adds = []
         self._send_next_adds()
 
@@ -299,14 +304,14 @@ class QueueDispatcher:
         await group_commit.gathered(lambda: len(self._next_adds))
         groups: dict[tuple[Any, ...], list[_Add]] = {}
         for add in self._next_adds:
-            if not add[3].cancelled():
-                groups.setdefault((add[0], add[1], len(add[2])), []).append(add)
+            if not add.future.cancelled():
+                groups.setdefault((add.script_keys, add.head, len(add.fields)), []).append(add)
         self._next_adds = []
         if not groups:
             return
         now = time.time()
         calls = [
-            (script_keys, [max_queue, now, group, batch, width, *(f for add in adds for f in add[2])])
+            (script_keys, [max_queue, now, group, batch, width, *(f for add in adds for f in add.fields)])
             for ((script_keys, (max_queue, group, batch), width), adds) in groups.items()
         ]  # fmt: skip
         try:
@@ -322,19 +327,19 @@ class QueueDispatcher:
         except asyncio.CancelledError:  # the client is closing
             for adds in groups.values():
                 for add in adds:
-                    add[3].cancel()
+                    add.future.cancel()
             raise
         for adds, result in zip(groups.values(), results, strict=True):
             if not isinstance(result, Exception) and result[0] == 0 and any(result[1:]):
-                self._chore(wake=adds[0][4])  # no live worker: one wake for the whole write
-            for i, (script_keys, _, _, future, _) in enumerate(adds):
+                self._chore(wake=adds[0].model)  # no live worker: one wake for the whole write
+            for i, add in enumerate(adds):
                 entry_id = None if isinstance(result, Exception) else result[1 + i]
-                if future.cancelled():  # its caller went away meanwhile: take the entry back
-                    self._withdraw(script_keys[0], entry_id)
+                if add.future.cancelled():  # its caller went away meanwhile: take the entry back
+                    self._withdraw(add.script_keys[0], entry_id)
                 elif isinstance(result, Exception):
-                    future.set_exception(result)
+                    add.future.set_exception(result)
                 else:
-                    future.set_result(entry_id)
+                    add.future.set_result(entry_id)
 
     def _withdraw(self, stream: str, entry_id: bytes | None) -> None:
         """XACK + XDEL ``entry_id`` in the background (the caller is being cancelled, and a
