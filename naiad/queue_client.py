@@ -412,6 +412,9 @@ class QueueDispatcher:
                 continue
             if item is not None:
                 self._deliver(item[1])
+                # the callers answered run first: the next BLPOP's write (~40-100 us of CPU
+                # on a 2-core VM) is then off their answers' path (docs/benchmarks.md "Stop 17")
+                await asyncio.sleep(0)
 
     def _deliver(self, payload: bytes) -> None:
         """Resolve the futures of the replies in ``payload`` (every reply of one batch for

@@ -7,9 +7,11 @@ statistics extension, ``/metrics``, the status page) first awaits :meth:`StatsWr
 so a client that has its answer still sees its counters there. A request that finishes while
 a write is in flight joins the next one: under load, one pipeline (one round trip) carries
 the counters of every request that finished meanwhile, instead of one per request, its
-counters summed per field (:class:`Counters`). A write is sent on the event loop's next turn,
-or, while requests keep finishing turn after turn, once they stop or within
-:data:`naiad.group_commit.GATHER_S` (0.5 ms): a client answered here that then asks another
+counters summed per field (:class:`Counters`). A write lingers :data:`LINGER_S` after its
+first counters (as Kafka's ``linger.ms``), unless a reader flushes first: one request at a
+time (c=1) then costs one statistics write per several requests instead of one each (a
+write and a wake-up of Redis, and one of this process for its reply, each ~40–100 µs of CPU
+on a 2-core VM; docs/benchmarks.md "Stop 17"). A client answered here that then asks another
 gateway finds its counters there unless it asks within that time (no flush covers that case).
 """
 
@@ -23,9 +25,13 @@ from collections.abc import Callable
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
 
-from naiad import group_commit, stats
+from naiad import stats
 
 logger = logging.getLogger(__name__)
+
+#: Seconds a statistics write waits after its first counters for more (a reader's flush
+#: sends it at once).
+LINGER_S = 0.01
 
 #: Queues one request's counters on a pipeline (e.g. a partial of :func:`naiad.stats.add_request`).
 Add = Callable[[Pipeline], None]
@@ -70,6 +76,7 @@ class StatsWriter:
         self._done: asyncio.Future[None] | None = None  # resolved when ``_adds`` is written
         self._sending: asyncio.Future[None] | None = None  # the write in flight
         self._writer: asyncio.Task[None] | None = None
+        self._hurry: asyncio.Future[None] | None = None  # resolved: stop lingering
 
     def add(self, add: Add) -> asyncio.Future[None]:
         """Queue ``add`` for the next write (started now unless one is in flight); the
@@ -90,11 +97,27 @@ class StatsWriter:
         """Wait until everything added so far is written (or its write failed: logged)."""
         waiting = self._done if self._adds else self._sending
         if waiting is not None:
+            self._stop_lingering()
             await asyncio.wait([waiting])
+
+    def _stop_lingering(self) -> None:
+        if self._hurry is not None and not self._hurry.done():
+            self._hurry.set_result(None)
+
+    async def _linger(self) -> None:
+        """Wait :data:`LINGER_S`, or until a flush (:meth:`flush`) asks for the write."""
+        loop = asyncio.get_running_loop()
+        self._hurry = loop.create_future()
+        timer = loop.call_later(LINGER_S, self._stop_lingering)
+        try:
+            await self._hurry
+        finally:
+            timer.cancel()
+            self._hurry = None
 
     async def _write(self) -> None:
         try:
-            await group_commit.gathered(lambda: len(self._adds))
+            await self._linger()
             while self._adds:
                 adds, done = self._adds, self._done
                 self._adds, self._done, self._sending = [], None, done

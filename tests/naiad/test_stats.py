@@ -145,6 +145,34 @@ def test_stats_writer_groups_concurrent_requests_into_the_same_counters(redis_ur
     assert {**g, "name": "o"} == o
 
 
+def test_stats_writer_lingers_for_more_counters_until_a_flush(redis_url: str, monkeypatch) -> None:
+    """A write waits ``LINGER_S`` after its first counters, so requests finishing one at a
+    time share it; a reader's flush sends it at once (an answered client sees its counters)."""
+    from naiad import stats_writer  # noqa: PLC0415
+
+    monkeypatch.setattr(stats_writer, "LINGER_S", 30.0)
+
+    async def run() -> tuple[int, int, dict]:
+        redis = connect(redis_url)
+        try:
+            writer = stats_writer.StatsWriter(redis)
+            before = (await redis.info("commandstats")).get("cmdstat_eval", {}).get("calls", 0)
+            for add in _adds("l"):  # one a turn, as requests answered one after another
+                writer.add(add)
+                await asyncio.sleep(0.01)
+            unflushed = await redis.exists(keys.stats("l"))
+            await asyncio.wait_for(writer.flush(), 5)  # not after 30 s: the flush hurries it
+            after = (await redis.info("commandstats"))["cmdstat_eval"]["calls"]
+            return unflushed, after - before, (await _read(redis_url, [("l", [1])]))[0]
+        finally:
+            await redis.aclose()
+
+    unflushed, evals, got = asyncio.run(run())
+    assert unflushed == 0  # lingering: nothing written before the flush (exists after it: below)
+    assert evals == 1  # six requests' counters, one script call
+    assert got["inference_stats"]["success"] == {"count": 3, "ns": 600} and got["execution_count"] == 2
+
+
 async def _record_cache(url: str) -> None:
     redis = connect(url)
     try:
