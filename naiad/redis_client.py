@@ -18,6 +18,8 @@ from typing import Any
 
 import hiredis
 import redis.asyncio as aioredis
+from redis.commands import CoreCommands
+from redis.exceptions import ResponseError
 
 COMMAND_TIMEOUT_S = 2.0
 CONNECT_TIMEOUT_S = 1.0
@@ -104,3 +106,45 @@ def connect(url: str, longest_block_s: float = 0.0) -> aioredis.Redis:
     client = aioredis.Redis(connection_pool=pool)
     client.auto_close_connection_pool = True  # as from_url: aclose() closes the pool too
     return client
+
+
+class CommandBatch(CoreCommands):
+    """Commands queued by redis-py's own command methods (``xack``, ``rpush``, ``eval``, ...:
+    the same arguments a pipeline would send), for :func:`send_batch`. Stands in for a
+    non-transactional pipeline where code only queues commands (``stats.add_*``,
+    ``QueueReader.read_on``)."""
+
+    def __init__(self) -> None:
+        self.commands: list[tuple[Any, ...]] = []
+
+    def execute_command(self, *args: Any, **options: Any) -> CommandBatch:
+        self.commands.append(args)
+        return self
+
+
+async def send_batch(client: aioredis.Redis, batch: CommandBatch) -> list[Any]:
+    """Send ``batch`` in one write on one connection of ``client``'s pool and read its
+    replies in order: hiredis's raw values (no redis-py response callbacks: an XREADGROUP
+    reply is ``[[stream, [[id, [field, value, ...]], ...]]]`` or None), an error reply as its
+    :class:`redis.exceptions.ResponseError` in its place. What a pipeline costs beyond that
+    (its object, a retry wrapper, a shielded reset, a callback a reply) is ~75 µs of CPU a
+    batch on the benchmark VM (docs/benchmarks.md "Stop 17"). Replies are read under the
+    client's socket timeout. Raises :class:`redis.exceptions.ConnectionError` /
+    :class:`redis.exceptions.TimeoutError` with nothing retried: the connection is then
+    dropped (its replies are unread), as it is when the caller is cancelled."""
+    pool = client.connection_pool
+    connection = await pool.get_connection()
+    try:
+        await connection.send_packed_command(connection.pack_commands(batch.commands))
+        replies: list[Any] = []
+        for _ in batch.commands:
+            try:
+                replies.append(await connection.read_response())
+            except ResponseError as exc:
+                replies.append(exc)
+        return replies
+    except BaseException:
+        await connection.disconnect(nowait=True)
+        raise
+    finally:
+        await pool.release(connection)

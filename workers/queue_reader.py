@@ -132,13 +132,17 @@ class QueueReader:
 
     async def _decode_read(self, response: list | None, sent: float) -> list[QueuedRequest]:
         requests = []
+        if isinstance(response, dict):  # RESP3's map, raw (naiad.redis_client.send_batch)
+            response = list(response.items())
         for stream, entries in response or []:
             level = self._level(self.streams.index(stream.decode() if isinstance(stream, bytes) else stream))
             for entry_id, fields in entries:
                 requests.append(await self._decode(entry_id, fields, level, sent))
         return [r for r in requests if r is not None]
 
-    async def _decode(self, entry_id: bytes, fields: dict, level: int, sent: float) -> QueuedRequest | None:
+    async def _decode(self, entry_id: bytes, fields: dict | list, level: int, sent: float) -> QueuedRequest | None:
+        if isinstance(fields, list):  # a raw reply's [field, value, ...] (naiad.redis_client.send_batch)
+            fields = dict(zip(fields[::2], fields[1::2], strict=True))
         try:
             queued = decode_request(self.model, fields, entry_id)
         except NaiadError:

@@ -23,6 +23,7 @@ from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError
 
 from naiad import keys, stats, telemetry
+from naiad.redis_client import CommandBatch, send_batch
 from naiad.codec import QueuedRequest
 from workers.loader import VersionLoad, VersionLoader
 from workers.queue_reader import QueueReader
@@ -75,25 +76,26 @@ class ReplySender:
         self, pairs: Sequence[tuple[QueuedRequest, bytes]], runs: Sequence[stats.Execution],
         claim: Claim | None,
     ) -> tuple[list[QueuedRequest], float] | None:  # fmt: skip
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for run in runs:
-                stats.add_execution(pipe, self.model, run)
-            self.add_downloads(pipe)  # a version first asked for now, pulled lazily
-            by_list: dict[str, list[bytes]] = {}  # one element per gateway, replies in order
-            for queued, payload in pairs:
-                by_list.setdefault(queued.reply_to, []).append(payload)
-            for reply_to, payloads in by_list.items():
-                pipe.rpush(reply_to, b"".join(payloads))  # naiad.codec.decode_replies
-                pipe.expire(reply_to, keys.REPLY_TTL_S)
-            self.queue.acknowledge(pipe, [queued for queued, _ in pairs])
-            if claim is None:
-                await pipe.execute()
-                return None
-            sent = self.queue.read_on(pipe, *claim)
-            *results, reply = await pipe.execute(raise_on_error=False)
+        batch = CommandBatch()  # one write, raw replies (naiad.redis_client.send_batch)
+        for run in runs:
+            stats.add_execution(batch, self.model, run)
+        self.add_downloads(batch)  # a version first asked for now, pulled lazily
+        by_list: dict[str, list[bytes]] = {}  # one element per gateway, replies in order
+        for queued, payload in pairs:
+            by_list.setdefault(queued.reply_to, []).append(payload)
+        for reply_to, payloads in by_list.items():
+            batch.rpush(reply_to, b"".join(payloads))  # naiad.codec.decode_replies
+            batch.expire(reply_to, keys.REPLY_TTL_S)
+        self.queue.acknowledge(batch, [queued for queued, _ in pairs])
+        sent = self.queue.read_on(batch, *claim) if claim is not None else 0.0
+        *results, reply = await send_batch(self.redis, batch)
+        if claim is None:
+            results.append(reply)
         for result in results:
             if isinstance(result, Exception):
                 raise result
+        if claim is None:
+            return None
         if isinstance(reply, Exception):
             logger.debug("claim sent with the replies failed: %s", reply)
             return None

@@ -117,3 +117,57 @@ def test_more_commands_at_once_than_connections_wait_for_one(redis_url):
             await client.aclose()
 
     asyncio.run(run())
+
+
+def test_a_command_batch_gets_every_reply_in_order_an_error_in_its_place(redis_url):
+    """:func:`send_batch`: one write, raw replies in order (an XREADGROUP's entries as
+    hiredis gives them), an error reply in its own place without failing the others, and
+    the connection back in the pool, usable."""
+    from redis.exceptions import ResponseError  # noqa: PLC0415
+
+    from naiad.redis_client import CommandBatch, send_batch  # noqa: PLC0415
+
+    async def run():
+        client = connect(redis_url)
+        try:
+            await client.delete("batch:s", "batch:l", "batch:str")
+            await client.xgroup_create("batch:s", "g", id="0", mkstream=True)
+            entry = await client.xadd("batch:s", {"f": b"v"})
+            await client.set("batch:str", "x")
+            batch = CommandBatch()
+            batch.rpush("batch:l", b"a", b"b")
+            batch.lpush("batch:str", b"wrong type")  # an error reply
+            batch.expire("batch:l", 60)
+            batch.xreadgroup("g", "c", {"batch:s": ">"}, count=5, block=100)
+            replies = await send_batch(client, batch)
+            again = await send_batch(client, CommandBatch().lrange("batch:l", 0, -1))
+            return entry, replies, again, client.connection_pool._in_use_connections
+        finally:
+            await client.aclose()
+
+    entry, (pushed, wrong, expire, read), again, in_use = asyncio.run(run())
+    assert pushed == 2 and isinstance(wrong, ResponseError) and expire == 1
+    streams = list(read.items()) if isinstance(read, dict) else read  # RESP3 map or RESP2 list
+    assert [(s, [(i, f) for i, f in entries]) for s, entries in streams] == [(b"batch:s", [(entry, [b"f", b"v"])])]
+    assert again == [[b"a", b"b"]] and not in_use
+
+
+def test_a_cancelled_command_batch_leaves_no_reply_behind_for_the_next(redis_url):
+    """A caller cancelled while its batch waits (a blocking read) drops that connection: the
+    late reply can never be read as the answer to a later batch on the same client."""
+    from naiad.redis_client import CommandBatch, send_batch  # noqa: PLC0415
+
+    async def run():
+        client = connect(redis_url, longest_block_s=5)
+        try:
+            await client.delete("batch:wait", "batch:k")
+            waiting = asyncio.ensure_future(send_batch(client, CommandBatch().blpop(["batch:wait"], 5)))
+            await asyncio.sleep(0.2)
+            waiting.cancel()
+            await asyncio.gather(waiting, return_exceptions=True)
+            await client.rpush("batch:wait", b"late")  # nobody may take this as their reply
+            return await send_batch(client, CommandBatch().set("batch:k", "1").get("batch:k"))
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(run()) == [b"OK", b"1"]  # raw replies
