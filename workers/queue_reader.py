@@ -140,7 +140,9 @@ class QueueReader:
                 requests.append(await self._decode(entry_id, fields, level, sent))
         return [r for r in requests if r is not None]
 
-    async def _decode(self, entry_id: bytes, fields: dict | list, level: int, sent: float) -> QueuedRequest | None:
+    async def _decode(
+        self, entry_id: bytes, fields: dict | list, level: int, sent: float
+    ) -> QueuedRequest | None:
         if isinstance(fields, list):  # a raw reply's [field, value, ...] (naiad.redis_client.send_batch)
             fields = dict(zip(fields[::2], fields[1::2], strict=True))
         try:

@@ -23,8 +23,8 @@ from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError
 
 from naiad import keys, stats, telemetry
-from naiad.redis_client import CommandBatch, send_batch
 from naiad.codec import QueuedRequest
+from naiad.redis_client import CommandBatch, send_batch
 from workers.loader import VersionLoad, VersionLoader
 from workers.queue_reader import QueueReader
 
