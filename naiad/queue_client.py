@@ -42,7 +42,7 @@ import uuid
 from typing import Any, NamedTuple
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from naiad import group_commit, keys, logs, tasks, tracing
 from naiad.codec import Reply, decode_replies, encode_request
@@ -50,6 +50,7 @@ from naiad.errors import DeadlineExceeded, InvalidInput, Overloaded, QueueTimeou
 from naiad.ids import fresh_id
 from naiad.inference import InferRequest, InferResponse
 from naiad.queue_policy import Placement
+from naiad.redis_client import CommandBatch, send_batch
 from naiad.reply_order import ReplyOrder
 
 logger = logging.getLogger(__name__)
@@ -315,13 +316,7 @@ class QueueDispatcher:
             for ((script_keys, (max_queue, group, batch), width), adds) in groups.items()
         ]  # fmt: skip
         try:
-            if len(calls) == 1:
-                results: list[Any] = [await self._xadd(keys=calls[0][0], args=calls[0][1])]
-            else:
-                async with self.redis.pipeline(transaction=False) as pipe:
-                    for script_keys, args in calls:
-                        pipe.eval(BOUNDED_XADD, len(script_keys), *script_keys, *args)
-                    results = await pipe.execute(raise_on_error=False)
+            results = await self._send_adds(calls)
         except Exception as exc:  # each waiting caller sees it (RedisError: Unavailable)
             results = [exc] * len(calls)
         except asyncio.CancelledError:  # the client is closing
@@ -340,6 +335,22 @@ class QueueDispatcher:
                     add.future.set_exception(result)
                 else:
                     add.future.set_result(entry_id)
+
+    async def _send_adds(self, calls: list[tuple[tuple[str, str], list[Any]]]) -> list[Any]:
+        """One :data:`BOUNDED_XADD` per ``(keys, args)`` in one write (:func:`send_batch`):
+        ``EVALSHA`` for one (loaded first when Redis lost the script: NOSCRIPT), ``EVAL`` for
+        several. Each result, or its error reply in its place."""
+        batch = CommandBatch()
+        if len(calls) == 1:
+            ((script_keys, args),) = calls
+            batch.evalsha(self._xadd.sha, len(script_keys), *script_keys, *args)
+            results = await send_batch(self.redis, batch)
+            if isinstance(results[0], NoScriptError):
+                results = [await self._xadd(keys=script_keys, args=args)]  # redis-py loads it
+            return results
+        for script_keys, args in calls:
+            batch.eval(BOUNDED_XADD, len(script_keys), *script_keys, *args)
+        return await send_batch(self.redis, batch)
 
     def _withdraw(self, stream: str, entry_id: bytes | None) -> None:
         """XACK + XDEL ``entry_id`` in the background (the caller is being cancelled, and a
@@ -401,7 +412,11 @@ class QueueDispatcher:
         backoff = 0.1
         while not self._closing:
             try:
-                item = await self.reader.blpop([self.reply_key], timeout=READER_BLOCK_S)
+                (item,) = await send_batch(
+                    self.reader, CommandBatch().blpop([self.reply_key], READER_BLOCK_S)
+                )
+                if isinstance(item, Exception):
+                    raise item
                 backoff = 0.1
             except RedisError as exc:
                 if self._closing:

@@ -26,6 +26,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
 
 from naiad import stats
+from naiad.redis_client import CommandBatch, send_batch
 
 logger = logging.getLogger(__name__)
 
@@ -126,9 +127,11 @@ class StatsWriter:
                 for add in adds:
                     add(counters)  # type: ignore[arg-type]
                 try:
-                    async with self.redis.pipeline(transaction=False) as pipe:
-                        counters.queue(pipe)
-                        await pipe.execute()
+                    batch = CommandBatch()
+                    counters.queue(batch)
+                    for reply in await send_batch(self.redis, batch):
+                        if isinstance(reply, Exception):
+                            raise reply
                 except asyncio.CancelledError:
                     for waiting in (done, self._done):
                         if waiting is not None:
