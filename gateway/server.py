@@ -34,6 +34,7 @@ from gateway.shared_memory import SystemSharedMemory
 from naiad import tasks
 from naiad.queue_client import READER_BLOCK_S, QueueDispatcher
 from naiad.redis_client import connect
+from naiad.reply_channel import ReplyServer
 from naiad.settings import Settings
 from repository_store import open_store
 
@@ -58,14 +59,22 @@ async def _site(
 
 
 @contextlib.asynccontextmanager
-async def _dispatcher(redis: aioredis.Redis, redis_url: str) -> AsyncIterator[QueueDispatcher]:
+async def _dispatcher(redis: aioredis.Redis, redis_url: str, direct: bool) -> AsyncIterator[QueueDispatcher]:
+    """The gateway's queue client, with its direct reply channel when ``direct``
+    (:mod:`naiad.reply_channel`; closed after the client stopped)."""
     reader = connect(redis_url, longest_block_s=READER_BLOCK_S)
     dispatcher = QueueDispatcher(redis, reader)
+    replies = ReplyServer(dispatcher.deliver, dispatcher.record_execution) if direct else None
+    if replies is not None:
+        await replies.start()
+        dispatcher.reply_address = replies.address
     await dispatcher.start()
     try:
         yield dispatcher
     finally:
         await dispatcher.stop()
+        if replies is not None:
+            await replies.close()
         await reader.aclose()
 
 
@@ -137,13 +146,14 @@ async def run_gateway(settings: Settings, redis_url: str, stop: asyncio.Event) -
         if settings.model_control_mode == "poll":
             polling = poll_repository(registry, settings.repository_poll_secs)
             await stack.enter_async_context(_background(polling))
-        dispatcher = await stack.enter_async_context(_dispatcher(redis, redis_url))
+        dispatcher = await stack.enter_async_context(_dispatcher(redis, redis_url, settings.direct_replies))
         cache = await _response_cache(stack, settings, redis, redis_url)
         dataplane = DataPlane(
             redis, registry, dispatcher, settings.request_timeout_s, settings.model_control_mode,
             cache=cache, max_queue_size=settings.max_queue_size, max_inflight=settings.max_inflight,
             shared_memory=SystemSharedMemory(settings.http_max_body_bytes),
         )
+        dispatcher.stats_sink = dataplane.stats_writer.add  # a batch's statistics sent with its replies
         liveness = RedisLiveness(redis, settings.redis_down_grace_s)
         dataplane.liveness = liveness.live
         await stack.enter_async_context(_background(liveness.run()))

@@ -10,8 +10,9 @@ Tensor bytes are little-endian and row-major; BYTES tensors use Triton's 4-byte 
 Request header keys: ``q`` queue id (unique per enqueue), ``id`` client request id, ``v``
 model version, ``r`` reply list key, ``dl`` deadline (Unix seconds, float), ``t`` enqueue
 time (Unix seconds), ``in`` list of ``[name, datatype, shape, nbytes]``, ``out`` requested
-output names, ``p`` request parameters, ``rid`` (optional) the id logs and traces give the
-request (the client's ``id``, or one the gateway made up when it sent none;
+output names, ``p`` request parameters, ``ra`` (optional) ``[socket path, token]`` of the
+gateway's direct reply channel (:mod:`naiad.reply_channel`), ``rid`` (optional) the id logs
+and traces give the request (the client's ``id``, or one the gateway made up when it sent none;
 :mod:`naiad.logs`), and optionally ``tp``: the W3C ``traceparent``
 of the gateway's span when tracing is on (:mod:`naiad.tracing`; absent otherwise, and a
 worker treats a missing or malformed one as no trace).
@@ -46,6 +47,8 @@ class QueuedRequest:
     entry_id: bytes = b""
     traceparent: str | None = None
     log_id: str = ""
+    reply_address: tuple[str, str] | None = None
+    """The gateway's direct reply channel (:mod:`naiad.reply_channel`), when it has one."""
     level: int = 0
     """The priority level of the stream it was read from (set by the reader, not sent)."""
     claimed_at: float = 0.0
@@ -111,7 +114,7 @@ def _unpack_tensors(specs: list[list[Any]], raw: bytes) -> list[Tensor]:
 
 def encode_request(
     queue_id: str, request: InferRequest, reply_to: str, deadline: float, now: float,
-    traceparent: str | None = None, log_id: str = "",
+    traceparent: str | None = None, log_id: str = "", reply_address: tuple[str, str] | None = None,
 ) -> dict[bytes, bytes]:
     """Stream-entry fields for ``request``; see the module doc for the header keys."""
     specs, raw = _pack_tensors(request.inputs)
@@ -130,6 +133,8 @@ def encode_request(
         header["rid"] = log_id
     if traceparent:
         header["tp"] = traceparent
+    if reply_address:
+        header["ra"] = reply_address
     return {HEADER: pack_request_values(header), DATA: raw}
 
 
@@ -156,14 +161,22 @@ def decode_request(model: str, fields: dict[bytes, bytes], entry_id: bytes = b""
             id=header["id"],
             parameters=header["p"],
         )
-        traceparent, log_id = header.get("tp"), header.get("rid")
+        traceparent, log_id, address = header.get("tp"), header.get("rid"), header.get("ra")
         return QueuedRequest(
             header["q"], request, header["r"], float(header["dl"]), float(header["t"]), entry_id,
             traceparent if isinstance(traceparent, str) else None,
             log_id if isinstance(log_id, str) else "",
+            _address(address),
         )
     except (KeyError, TypeError, ValueError, OverflowError, msgpack.UnpackException) as exc:
         raise InvalidInput(f"malformed queue message: {exc}") from exc
+
+
+def _address(value: Any) -> tuple[str, str] | None:
+    """A header's ``ra``: ``(path, token)``, or None when absent or not two strings."""
+    if isinstance(value, list | tuple) and len(value) == 2 and all(isinstance(v, str) for v in value):
+        return value[0], value[1]
+    return None
 
 
 def entry_order(entry_id: bytes) -> tuple[int, int]:

@@ -39,12 +39,13 @@ import contextvars
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError, RedisError
 
-from naiad import group_commit, keys, logs, tasks, tracing
+from naiad import group_commit, keys, logs, stats, tasks, tracing
 from naiad.codec import Reply, decode_replies, encode_request
 from naiad.errors import DeadlineExceeded, InvalidInput, Overloaded, QueueTimeout, Unavailable
 from naiad.ids import fresh_id
@@ -144,6 +145,10 @@ class QueueDispatcher:
         self._chores: asyncio.Task[None] | None = None  # sends the two above
         self._adding = False  # an XADD (or a pipeline of them) is in flight
         self._next_adds: list[_Add] = []
+        #: This client's direct reply channel, named in its requests (naiad.reply_channel).
+        self.reply_address: tuple[str, str] | None = None
+        #: Takes the statistics that come with replies (StatsWriter.add): see record_execution.
+        self.stats_sink: Callable[[Callable[[Any], None]], object] | None = None
 
     async def start(self) -> None:
         self._reader = asyncio.create_task(self._read_replies(), name="reply-reader")
@@ -247,6 +252,7 @@ class QueueDispatcher:
             fields = encode_request(
                 queue_id, request, self.reply_key, now + timeout_s, now,
                 traceparent=tracing.traceparent(), log_id=logs.REQUEST_ID.get(),
+                reply_address=self.reply_address,
             )
             flat = [item for pair in fields.items() for item in pair]
             max_queue, script_keys = placement.max_queue, (placement.stream, keys.workers(request.model))
@@ -426,14 +432,24 @@ class QueueDispatcher:
                 backoff = min(backoff * 2, 2.0)
                 continue
             if item is not None:
-                self._deliver(item[1])
+                self.deliver(item[1])
                 # the callers answered run first: the next BLPOP's write (~40-100 us of CPU
                 # on a 2-core VM) is then off their answers' path (docs/benchmarks.md "Stop 17")
                 await asyncio.sleep(0)
 
-    def _deliver(self, payload: bytes) -> None:
+    def record_execution(self, model: str, run: stats.Execution) -> None:
+        """Record the statistics of a batch that came with its replies on the direct reply
+        channel (:mod:`naiad.reply_channel`) with this client's own (``stats_sink``): a
+        reader of this gateway's statistics flushes them first, as its own."""
+        if self.stats_sink is not None:
+            self.stats_sink(lambda pipe: stats.add_execution(pipe, model, run))
+        else:
+            logger.warning("statistics of a batch of %s dropped: this client records none", model)
+
+    def deliver(self, payload: bytes) -> None:
         """Resolve the futures of the replies in ``payload`` (every reply of one batch for
-        this client: :func:`naiad.codec.decode_replies`)."""
+        this client: :func:`naiad.codec.decode_replies`), from the reply list or the direct
+        reply channel; a reply whose caller is gone or already answered is dropped."""
         try:
             replies = decode_replies(payload)
         except InvalidInput:

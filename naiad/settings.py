@@ -220,6 +220,11 @@ class Settings(BaseSettings):
     """Plain inference requests answered by the gateway's own HTTP/1.1 path
     (:mod:`gateway.http_fast`, ``--http-fast-infer``); false: every request through aiohttp."""
 
+    direct_replies: bool = True
+    """Workers on the gateway's machine send it their replies by a Unix socket
+    (:mod:`naiad.reply_channel`: one hop instead of two through Redis) and through Redis when
+    that fails (``NAIAD_DIRECT_REPLIES``); false: every reply through Redis."""
+
     http_max_connections: int = Field(default=1024, ge=1)
     """Most HTTP connections open at once per port (``--http-max-connections``); one more is
     answered 503 and closed at once, so file descriptors last."""

@@ -25,6 +25,7 @@ from redis.exceptions import RedisError
 from naiad import keys, stats, telemetry
 from naiad.codec import QueuedRequest
 from naiad.redis_client import CommandBatch, send_batch
+from naiad.reply_channel import ReplyConnections, encode_executions
 from workers.loader import VersionLoad, VersionLoader
 from workers.queue_reader import QueueReader
 
@@ -42,6 +43,7 @@ class ReplySender:
 
     def __init__(self, redis: Redis, model: str, queue: QueueReader, loader: VersionLoader):
         self.redis, self.model, self.queue, self.loader = redis, model, queue, loader
+        self.direct = ReplyConnections()  # to gateways on this machine (naiad.reply_channel)
 
     async def send(
         self, pairs: Sequence[tuple[QueuedRequest, bytes]], runs: Sequence[stats.Execution] = (),
@@ -77,14 +79,25 @@ class ReplySender:
         claim: Claim | None,
     ) -> tuple[list[QueuedRequest], float] | None:  # fmt: skip
         batch = CommandBatch()  # one write, raw replies (naiad.redis_client.send_batch)
-        for run in runs:
-            stats.add_execution(batch, self.model, run)
         self.add_downloads(batch)  # a version first asked for now, pulled lazily
+        direct = not batch.commands  # telemetry is Redis's alone: then so are the replies
         by_list: dict[str, list[bytes]] = {}  # one element per gateway, replies in order
+        addresses: dict[str, tuple[str, str] | None] = {}
         for queued, payload in pairs:
             by_list.setdefault(queued.reply_to, []).append(payload)
+            addresses.setdefault(queued.reply_to, queued.reply_address)
+        through_redis = []
         for reply_to, payloads in by_list.items():
-            batch.rpush(reply_to, b"".join(payloads))  # naiad.codec.decode_replies
+            joined, address = b"".join(payloads), addresses[reply_to]
+            raw_stats = encode_executions(self.model, runs) if runs else b""
+            if direct and address and await self.direct.send(address, joined, raw_stats):
+                runs = ()  # recorded by that gateway (naiad.reply_channel)
+            else:
+                through_redis.append((reply_to, joined))
+        for run in runs:
+            stats.add_execution(batch, self.model, run)
+        for reply_to, joined in through_redis:
+            batch.rpush(reply_to, joined)  # naiad.codec.decode_replies
             batch.expire(reply_to, keys.REPLY_TTL_S)
         self.queue.acknowledge(batch, [queued for queued, _ in pairs])
         sent = self.queue.read_on(batch, *claim) if claim is not None else 0.0

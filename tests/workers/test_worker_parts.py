@@ -144,3 +144,72 @@ def test_the_registry_watch_drains_on_a_new_config_and_retires_on_new_versions(
         return steps
 
     assert run(scenario) == [False, False, True, False, True]
+
+
+def test_replies_go_direct_to_a_gateway_on_this_machine_and_through_redis_otherwise(redis_url, settings):
+    """Gateway g1 has a direct reply channel (naiad.reply_channel), g2 names a socket that is
+    gone: g1's replies and the batch's statistics arrive on g1's socket (not on its list);
+    g2's arrive on its Redis list; a second batch still finds g2 through Redis, and nothing
+    of either is counted twice in Redis (g1 records the statistics)."""
+    from naiad import stats  # noqa: PLC0415
+    from naiad.reply_channel import ReplyServer  # noqa: PLC0415
+
+    stream = keys.request_stream(MODEL)
+    got_replies: list[bytes] = []
+    recorded: list[tuple[str, stats.Execution]] = []
+
+    async def scenario():
+        redis = connect(redis_url, longest_block_s=1.0)
+        await redis.delete(stream, "naiad:reply:g1", "naiad:reply:g2", keys.stats(MODEL))
+        server = ReplyServer(got_replies.append, lambda model, run: recorded.append((model, run)))
+        await server.start()
+        gone = (server.path + ".gone", server.token)
+        reader = QueueReader(redis, MODEL, "w1")
+        await reader.ensure_groups()
+        now = time.time()
+        for queue_id, gateway, address in (("a", "g1", server.address), ("b", "g2", gone),
+                                           ("c", "g1", server.address)):  # fmt: skip
+            request = queued(np.ones((1, 64), np.float32), queue_id).request
+            fields = encode_request(queue_id, request, f"naiad:reply:{gateway}", now + 30, now,
+                                    reply_address=address)  # fmt: skip
+            await redis.xadd(stream, fields)
+        claimed = await reader.read(3, None)
+        assert [q.reply_address for q in claimed] == [server.address, gone, server.address]
+        sender = ReplySender(redis, MODEL, reader, VersionLoader(settings, MODEL))
+        run_ = stats.Execution(1, 3, [10, 20, 30], {"compute_infer": 5}, 1000)
+        await sender.send([(q, f"reply-{q.queue_id}".encode()) for q in claimed], [run_])
+        await sender.send([(claimed[1], b"again-b")])
+        for _ in range(100):
+            if got_replies:
+                break
+            await asyncio.sleep(0.01)
+        lists = {g: await redis.lrange(f"naiad:reply:{g}", 0, -1) for g in ("g1", "g2")}
+        in_redis = await redis.exists(keys.stats(MODEL))
+        await server.close()
+        await redis.aclose()
+        return lists, in_redis, run_
+
+    lists, in_redis, run_ = run(scenario)
+    assert got_replies == [b"reply-areply-c"]
+    assert lists == {"g1": [], "g2": [b"reply-b", b"again-b"]}
+    assert recorded == [(MODEL, run_)] and in_redis == 0  # counted once, by g1
+
+
+def test_a_reply_connection_without_the_token_is_closed_and_delivers_nothing():
+    """Anyone on the machine who can reach the socket but lacks the token (it travels only in
+    Redis entries) cannot inject replies."""
+    from naiad.reply_channel import FRAME, ReplyServer  # noqa: PLC0415
+
+    delivered: list[bytes] = []
+
+    async def scenario():
+        server = ReplyServer(delivered.append, lambda model, run: None)
+        await server.start()
+        reader, writer = await asyncio.open_unix_connection(server.path)
+        writer.write(FRAME.pack(0, 5) + b"wrong" + FRAME.pack(0, 4) + b"fake")
+        closed = await asyncio.wait_for(reader.read(), 2)  # EOF: the server closed it
+        writer.close()
+        await server.close()
+        return closed
+
+    assert run(scenario) == b"" and delivered == []
