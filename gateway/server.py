@@ -66,8 +66,13 @@ async def _dispatcher(redis: aioredis.Redis, redis_url: str, direct: bool) -> As
     dispatcher = QueueDispatcher(redis, reader)
     replies = ReplyServer(dispatcher.deliver, dispatcher.record_execution) if direct else None
     if replies is not None:
-        await replies.start()
-        dispatcher.reply_address = replies.address
+        try:
+            await replies.start()
+        except OSError as exc:  # e.g. a TMPDIR too long for a socket's path: replies go through Redis
+            logger.warning("no direct reply channel (%s): every reply goes through Redis", exc)
+            replies = None
+        else:
+            dispatcher.reply_address = replies.address
     await dispatcher.start()
     try:
         yield dispatcher

@@ -30,6 +30,7 @@ import logging
 import os
 import secrets
 import shutil
+import socket
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -48,9 +49,20 @@ MAX_BUFFERED_BYTES = 64 * 1024 * 1024
 CONNECT_TIMEOUT_S = 0.5
 #: Seconds a worker sends through Redis to a gateway it could not connect to before trying again.
 RETRY_AFTER_S = 10.0
+#: Largest frame a gateway takes (statistics + replies, bytes): a larger one closes the connection.
+MAX_FRAME_BYTES = 1 << 30
+#: Seconds a connection has to present the token before the gateway closes it.
+TOKEN_TIMEOUT_S = 1.0
+#: Connections a gateway holds at once (one per worker on its machine); more are closed at once.
+MAX_CONNECTIONS = 256
+#: Seconds after which a gateway's reply folder whose socket no longer answers is stale (its
+#: gateway was killed): the next gateway to start removes it.
+STALE_AFTER_S = 60.0
 
 #: ``[path, token]``: where a gateway takes replies (request header ``ra``).
 Address = tuple[str, str]
+#: A gateway's reply folder (in the temporary directory) and its socket's name in it.
+FOLDER_PREFIX, SOCKET_NAME = "naiad-replies-", "replies.sock"
 
 
 def encode_executions(model: str, runs: Sequence[stats.Execution]) -> bytes:
@@ -60,15 +72,64 @@ def encode_executions(model: str, runs: Sequence[stats.Execution]) -> bytes:
 
 
 def decode_executions(raw: bytes) -> tuple[str, list[stats.Execution]]:
-    """Inverse of :func:`encode_executions`. Raises ValueError on a malformed one."""
+    """Inverse of :func:`encode_executions`. Raises ValueError on a malformed one (any field
+    of the wrong type, a phase not in :data:`naiad.stats.PHASES`)."""
     try:
         model, runs = msgpack.unpackb(raw)
-        return str(model), [
-            stats.Execution(int(v), int(rows), [int(n) for n in queue_ns], dict(phases_ns), int(finished))
-            for v, rows, queue_ns, phases_ns, finished in runs
-        ]
-    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        return _str(model), [_execution(*run) for run in runs]
+    except (ValueError, TypeError, OverflowError, msgpack.UnpackException) as exc:
         raise ValueError(f"malformed statistics in a reply frame: {exc}") from None
+
+
+def _str(value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {type(value).__name__}")
+    return value
+
+
+def _int(value: object) -> int:
+    if type(value) is not int:
+        raise TypeError(f"expected an integer, got {type(value).__name__}")
+    return value
+
+
+def _execution(
+    version: object, rows: object, queue_ns: object, phases_ns: object, finished: object
+) -> stats.Execution:
+    if not isinstance(queue_ns, list) or not isinstance(phases_ns, dict):
+        raise TypeError("expected a list of queue times and a map of phases")
+    if not set(phases_ns) <= set(stats.PHASES):
+        raise ValueError(f"unknown phases {sorted(set(phases_ns) - set(stats.PHASES))}")
+    phases = {_str(name): _int(ns) for name, ns in phases_ns.items()}
+    return stats.Execution(_int(version), _int(rows), [_int(ns) for ns in queue_ns], phases, _int(finished))
+
+
+def remove_stale_folders(directory: str | None = None) -> None:
+    """Remove reply folders of gateways that were killed (nothing removed them): older than
+    :data:`STALE_AFTER_S`, their socket gone or refusing connections."""
+    directory = directory or tempfile.gettempdir()
+    with contextlib.suppress(OSError):
+        for name in os.listdir(directory):
+            folder = os.path.join(directory, name)
+            if name.startswith(FOLDER_PREFIX) and _stale(folder):
+                shutil.rmtree(folder, ignore_errors=True)
+
+
+def _stale(folder: str) -> bool:
+    try:
+        if time.time() - os.stat(folder).st_mtime < STALE_AFTER_S or os.stat(folder).st_uid != os.getuid():
+            return False
+    except OSError:
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(0.1)
+        try:
+            probe.connect(os.path.join(folder, SOCKET_NAME))
+        except (FileNotFoundError, ConnectionRefusedError):
+            return True
+        except OSError:
+            return False
+    return False
 
 
 class ReplyServer:
@@ -82,8 +143,8 @@ class ReplyServer:
     ) -> None:
         self.deliver, self.record = deliver, record
         self.token = secrets.token_hex(16)
-        self._dir = tempfile.mkdtemp(prefix="naiad-replies-")  # mode 0700
-        self.path = os.path.join(self._dir, "replies.sock")
+        self._dir = tempfile.mkdtemp(prefix=FOLDER_PREFIX)  # mode 0700
+        self.path = os.path.join(self._dir, SOCKET_NAME)
         self._server: asyncio.AbstractServer | None = None
         self._receivers: set[_Receiver] = set()
 
@@ -92,8 +153,15 @@ class ReplyServer:
         return self.path, self.token
 
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_unix_server(lambda: _Receiver(self), self.path)
+        """Listen. Raises OSError when the socket cannot be made (e.g. a ``TMPDIR`` too long
+        for a Unix socket's path); nothing is left behind then."""
+        remove_stale_folders(os.path.dirname(self._dir))
+        try:
+            loop = asyncio.get_running_loop()
+            self._server = await loop.create_unix_server(lambda: _Receiver(self), self.path)
+        except OSError:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            raise
 
     async def close(self) -> None:
         """Stop listening and close every connection (after the gateway's callers are done)."""
@@ -113,13 +181,26 @@ class _Receiver(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
         self.trusted = False
+        self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        if len(self.server._receivers) >= MAX_CONNECTIONS:
+            logger.warning("closed a reply connection: %d are open already", MAX_CONNECTIONS)
+            transport.close()
+            return
         self.server._receivers.add(self)
+        self._timer = asyncio.get_running_loop().call_later(TOKEN_TIMEOUT_S, self._untrusted_timeout)
+
+    def _untrusted_timeout(self) -> None:
+        if not self.trusted:
+            logger.warning("closed a reply connection that sent no token within %g s", TOKEN_TIMEOUT_S)
+            self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server._receivers.discard(self)
+        if self._timer is not None:
+            self._timer.cancel()
         self.transport = None
 
     def close(self) -> None:
@@ -130,7 +211,15 @@ class _Receiver(asyncio.Protocol):
         self.buffer += data
         while len(self.buffer) >= FRAME.size and self.transport is not None:
             stats_len, replies_len = FRAME.unpack_from(self.buffer)
+            if not self.trusted and (stats_len, replies_len) != (0, len(self.server.token)):
+                logger.warning("closed a reply connection whose first frame is not a token")
+                self.close()
+                return
             end = FRAME.size + stats_len + replies_len
+            if end > MAX_FRAME_BYTES:
+                logger.warning("closed a reply connection that sent a frame of %d bytes", end)
+                self.close()
+                return
             if len(self.buffer) < end:
                 return
             raw_stats = bytes(self.buffer[FRAME.size : FRAME.size + stats_len])

@@ -125,7 +125,10 @@ class StatsWriter:
                 assert done is not None
                 counters = Counters()
                 for add in adds:
-                    add(counters)  # type: ignore[arg-type]
+                    try:
+                        add(counters)  # type: ignore[arg-type]
+                    except Exception:  # a malformed one is dropped, not the write
+                        logger.exception("statistics not recorded")
                 try:
                     batch = CommandBatch()
                     counters.queue(batch)

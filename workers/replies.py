@@ -80,24 +80,23 @@ class ReplySender:
     ) -> tuple[list[QueuedRequest], float] | None:  # fmt: skip
         batch = CommandBatch()  # one write, raw replies (naiad.redis_client.send_batch)
         self.add_downloads(batch)  # a version first asked for now, pulled lazily
-        direct = not batch.commands  # telemetry is Redis's alone: then so are the replies
         by_list: dict[str, list[bytes]] = {}  # one element per gateway, replies in order
         addresses: dict[str, tuple[str, str] | None] = {}
         for queued, payload in pairs:
             by_list.setdefault(queued.reply_to, []).append(payload)
             addresses.setdefault(queued.reply_to, queued.reply_address)
-        through_redis = []
-        for reply_to, payloads in by_list.items():
-            joined, address = b"".join(payloads), addresses[reply_to]
+        through_redis = list(by_list.items())
+        # direct only for a batch that answers one gateway and has no telemetry: what a client
+        # may read once it has its answer (the statistics) then travels with that answer
+        address = addresses[through_redis[0][0]] if len(through_redis) == 1 else None
+        if address and not batch.commands:
             raw_stats = encode_executions(self.model, runs) if runs else b""
-            if direct and address and await self.direct.send(address, joined, raw_stats):
-                runs = ()  # recorded by that gateway (naiad.reply_channel)
-            else:
-                through_redis.append((reply_to, joined))
+            if await self.direct.send(address, b"".join(through_redis[0][1]), raw_stats):
+                through_redis, runs = [], ()  # that gateway records the statistics
         for run in runs:
             stats.add_execution(batch, self.model, run)
-        for reply_to, joined in through_redis:
-            batch.rpush(reply_to, joined)  # naiad.codec.decode_replies
+        for reply_to, payloads in through_redis:
+            batch.rpush(reply_to, b"".join(payloads))  # naiad.codec.decode_replies
             batch.expire(reply_to, keys.REPLY_TTL_S)
         self.queue.acknowledge(batch, [queued for queued, _ in pairs])
         sent = self.queue.read_on(batch, *claim) if claim is not None else 0.0

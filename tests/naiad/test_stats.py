@@ -173,6 +173,31 @@ def test_stats_writer_lingers_for_more_counters_until_a_flush(redis_url: str, mo
     assert got["inference_stats"]["success"] == {"count": 3, "ns": 600} and got["execution_count"] == 2
 
 
+def test_a_malformed_add_is_dropped_not_the_write_nor_its_waiters(redis_url: str) -> None:
+    """One add that raises (statistics that came malformed; the reply channel refuses those
+    first, this is the writer's own guard) is logged and skipped: the others of its write are
+    written and a flush returns."""
+    from naiad.stats_writer import StatsWriter  # noqa: PLC0415
+
+    def broken(pipe) -> None:
+        stats.add_execution(pipe, "m", stats.Execution(1, 1, [10], {"compute_infer": "x"}, 5))
+
+    async def run() -> dict:
+        redis = connect(redis_url)
+        try:
+            writer = StatsWriter(redis)
+            for add in (broken, *_adds("m")):
+                writer.add(add)
+            await asyncio.wait_for(writer.flush(), 5)
+            return (await _read(redis_url, [("m", [1])]))[0]
+        finally:
+            await redis.aclose()
+
+    got = asyncio.run(run())
+    assert got["inference_stats"]["success"] == {"count": 3, "ns": 600}
+    assert got["inference_stats"]["fail"] == {"count": 1, "ns": 50} and got["execution_count"] >= 2
+
+
 async def _record_cache(url: str) -> None:
     redis = connect(url)
     try:

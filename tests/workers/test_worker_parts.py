@@ -148,15 +148,19 @@ def test_the_registry_watch_drains_on_a_new_config_and_retires_on_new_versions(
 
 def test_replies_go_direct_to_a_gateway_on_this_machine_and_through_redis_otherwise(redis_url, settings):
     """Gateway g1 has a direct reply channel (naiad.reply_channel), g2 names a socket that is
-    gone: g1's replies and the batch's statistics arrive on g1's socket (not on its list);
-    g2's arrive on its Redis list; a second batch still finds g2 through Redis, and nothing
-    of either is counted twice in Redis (g1 records the statistics)."""
+    gone. A batch answering g1 alone goes on g1's socket with its statistics (nothing on its
+    list, nothing counted in Redis); one answering g2 alone goes on g2's Redis list; one
+    answering both goes through Redis entirely, statistics included (a client of either may
+    read them once it has its answer)."""
     from naiad import stats  # noqa: PLC0415
     from naiad.reply_channel import ReplyServer  # noqa: PLC0415
 
     stream = keys.request_stream(MODEL)
     got_replies: list[bytes] = []
     recorded: list[tuple[str, stats.Execution]] = []
+
+    async def counted(redis) -> int:
+        return int(await redis.hget(keys.stats(MODEL), "1:execution_count") or 0)
 
     async def scenario():
         redis = connect(redis_url, longest_block_s=1.0)
@@ -173,26 +177,29 @@ def test_replies_go_direct_to_a_gateway_on_this_machine_and_through_redis_otherw
             fields = encode_request(queue_id, request, f"naiad:reply:{gateway}", now + 30, now,
                                     reply_address=address)  # fmt: skip
             await redis.xadd(stream, fields)
-        claimed = await reader.read(3, None)
-        assert [q.reply_address for q in claimed] == [server.address, gone, server.address]
+        a, b, c = await reader.read(3, None)
+        assert [q.reply_address for q in (a, b, c)] == [server.address, gone, server.address]
         sender = ReplySender(redis, MODEL, reader, VersionLoader(settings, MODEL))
-        run_ = stats.Execution(1, 3, [10, 20, 30], {"compute_infer": 5}, 1000)
-        await sender.send([(q, f"reply-{q.queue_id}".encode()) for q in claimed], [run_])
-        await sender.send([(claimed[1], b"again-b")])
+        run_ = stats.Execution(1, 2, [10, 30], {"compute_infer": 5}, 1000)
+        await sender.send([(a, b"reply-a"), (c, b"reply-c")], [run_])
+        after_direct = await counted(redis)
+        await sender.send([(b, b"reply-b")], [run_])
+        await sender.send([(a, b"both-a"), (b, b"both-b")], [run_])
         for _ in range(100):
             if got_replies:
                 break
             await asyncio.sleep(0.01)
         lists = {g: await redis.lrange(f"naiad:reply:{g}", 0, -1) for g in ("g1", "g2")}
-        in_redis = await redis.exists(keys.stats(MODEL))
+        in_redis = await counted(redis)
         await server.close()
         await redis.aclose()
-        return lists, in_redis, run_
+        return lists, after_direct, in_redis, run_
 
-    lists, in_redis, run_ = run(scenario)
+    lists, after_direct, in_redis, run_ = run(scenario)
     assert got_replies == [b"reply-areply-c"]
-    assert lists == {"g1": [], "g2": [b"reply-b", b"again-b"]}
-    assert recorded == [(MODEL, run_)] and in_redis == 0  # counted once, by g1
+    assert recorded == [(MODEL, run_)] and after_direct == 0  # counted once, by g1
+    assert lists == {"g1": [b"both-a"], "g2": [b"reply-b", b"both-b"]}
+    assert in_redis == 2  # the batches answered through Redis count there
 
 
 def test_a_reply_connection_without_the_token_is_closed_and_delivers_nothing():
@@ -213,3 +220,77 @@ def test_a_reply_connection_without_the_token_is_closed_and_delivers_nothing():
         return closed
 
     assert run(scenario) == b"" and delivered == []
+
+
+def test_the_reply_socket_bounds_what_an_untrusted_or_broken_peer_can_make_it_hold(monkeypatch, tmp_path):
+    """Before its token a connection may send only the token's frame (a header claiming
+    gigabytes closes it at once, nothing buffered), and it has ``TOKEN_TIMEOUT_S`` to send
+    it; malformed statistics from a trusted peer are refused (logged) and its replies still
+    delivered; a socket path too long fails the start with nothing left behind; a killed
+    gateway's folder is removed by the next start, a live one's is not."""
+    import os  # noqa: PLC0415
+
+    from naiad import reply_channel  # noqa: PLC0415
+    from naiad.reply_channel import FRAME, ReplyServer  # noqa: PLC0415
+
+    monkeypatch.setattr(reply_channel, "TOKEN_TIMEOUT_S", 0.2)
+    delivered, recorded = [], []
+
+    async def scenario():
+        server = ReplyServer(delivered.append, lambda model, run: recorded.append(run))
+        await server.start()
+        results = []
+        for first in (FRAME.pack(0, 1 << 32 - 1) + b"x" * 65536, b""):  # a huge claim; silence
+            reader, writer = await asyncio.open_unix_connection(server.path)
+            writer.write(first)
+            results.append(await asyncio.wait_for(reader.read(), 2))  # EOF: closed
+            writer.close()
+        reader, writer = await asyncio.open_unix_connection(server.path)
+        token = server.token.encode()
+        bad = reply_channel.msgpack.packb(["digits", [[1, 1, [10], {"compute_infer": "x"}, 5]]])
+        writer.write(FRAME.pack(0, len(token)) + token + FRAME.pack(len(bad), 3) + bad + b"abc")
+        for _ in range(100):
+            if delivered:
+                break
+            await asyncio.sleep(0.01)
+        writer.close()
+        await server.close()
+        return results, os.path.exists(server.path)
+
+    results, left = run(scenario)
+    assert results == [b"", b""] and not left
+    assert delivered == [b"abc"] and recorded == []
+    for malformed in ([1, 1, [10], {"compute_infer": float("inf")}, 5], [1, 1, [10], {"nope": 1}, 5],
+                      [1, 1, "x", {}, 5]):  # fmt: skip
+        with pytest.raises(ValueError):
+            reply_channel.decode_executions(reply_channel.msgpack.packb(["digits", [malformed]]))
+
+    long_dir = tmp_path / ("d" * 120)
+    long_dir.mkdir()
+    monkeypatch.setenv("TMPDIR", str(long_dir))
+    monkeypatch.setattr(reply_channel.tempfile, "tempdir", None)
+
+    async def too_long():
+        with pytest.raises(OSError):
+            await ReplyServer(delivered.append, recorded.append).start()
+
+    run(too_long)
+    assert os.listdir(long_dir) == []
+
+    monkeypatch.setattr(reply_channel.tempfile, "tempdir", str(tmp_path))
+    stale = tmp_path / "naiad-replies-killed"
+    stale.mkdir()
+    os.utime(stale, (1, 1))
+
+    async def live_and_stale():
+        live = ReplyServer(delivered.append, recorded.append)
+        await live.start()
+        os.utime(os.path.dirname(live.path), (1, 1))
+        another = ReplyServer(delivered.append, recorded.append)
+        await another.start()  # sweeps: the killed one's folder goes, the live one's stays
+        kept = os.path.exists(live.path)
+        await another.close()
+        await live.close()
+        return kept
+
+    assert run(live_and_stale) and not stale.exists()
