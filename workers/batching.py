@@ -7,6 +7,7 @@ request carrying its own batch of N rows counts as N. Every function here is fre
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Collection, Hashable, Sequence
 
 import numpy as np
@@ -100,7 +101,9 @@ def split(outputs: dict[str, np.ndarray], sizes: Sequence[int]) -> list[dict[str
     for name, array in outputs.items():
         if array.ndim == 0 or array.shape[0] != total:
             raise ValueError(f"output '{name}' has shape {array.shape}, expected {total} rows")
-    bounds = np.cumsum([0, *sizes])
+    if len(sizes) == 1:
+        return [dict(outputs)]
+    bounds = list(itertools.accumulate(sizes, initial=0))  # Python ints: np.cumsum costs ~5 µs a call
     return [
         {name: array[start:end] for name, array in outputs.items()}
         for start, end in zip(bounds[:-1], bounds[1:], strict=True)
