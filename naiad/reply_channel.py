@@ -4,9 +4,11 @@ The queue protocol's reply path is the gateway's Redis list (``RPUSH`` by the wo
 by the gateway; :mod:`naiad.queue_client`): two hops, each a process wake-up, on a reply's
 way. When the gateway and the worker share a machine, the gateway also listens on a Unix
 socket in a private directory (:class:`ReplyServer`) and names it in every request it
-enqueues (header ``ra``: ``[path, token]``, :mod:`naiad.codec`); the worker writes the
-batch's replies for that gateway there (:class:`ReplyConnections`), one hop, and sends its
-Redis commands (acknowledgement, next claim) as before, minus the ``RPUSH``. Anything that
+enqueues (header ``ra``: ``[path, token]``, :mod:`naiad.codec`); the worker writes a
+batch's replies there when the batch answers that gateway alone and brings no telemetry of
+a first load (:class:`ReplyConnections`; :meth:`workers.replies.ReplySender.send`), one hop,
+and sends its Redis commands (acknowledgement, next claim) as before, minus the ``RPUSH``.
+A batch answering several gateways goes through Redis entirely. Anything that
 stops a direct send (no such socket: another machine, a gateway gone; a refused or broken
 connection; a peer that reads too slowly) sends those replies through the Redis list
 instead, so a reply is never lost to this path; a second copy is dropped by the gateway.
@@ -16,10 +18,12 @@ gateway records them with its own (:class:`naiad.stats_writer.StatsWriter`), so 
 that has its answer sees them after that gateway's flush, as when the worker wrote them to
 Redis before the reply.
 
-Frame (both directions use one): ``>II`` header (statistics length, replies length), the
+Frame (worker to gateway only): ``>II`` header (statistics length, replies length), the
 statistics (msgpack, or empty), the replies (encoded replies concatenated, as one element
-of the reply list: :func:`naiad.codec.decode_replies`). A connection's first frame carries
-the server's token as its replies; a connection whose first frame does not is closed.
+of the reply list: :func:`naiad.codec.decode_replies`). A connection's first frame is
+exactly the server's token as its replies, within :data:`TOKEN_TIMEOUT_S`; otherwise, or
+for a frame over :data:`MAX_FRAME_BYTES`, or past :data:`MAX_CONNECTIONS`, the gateway
+closes the connection (docs/reliability.md, "The direct reply channel").
 """
 
 from __future__ import annotations
