@@ -125,10 +125,11 @@ class CommandBatch(CoreCommands):
 async def send_batch(client: aioredis.Redis, batch: CommandBatch) -> list[Any]:
     """Send ``batch`` in one write on one connection of ``client``'s pool and read its
     replies in order: hiredis's raw values (no redis-py response callbacks: an XREADGROUP
-    reply is ``[[stream, [[id, [field, value, ...]], ...]]]`` or None), an error reply as its
-    :class:`redis.exceptions.ResponseError` in its place. What a pipeline costs beyond that
-    (its object, a retry wrapper, a shielded reset, a callback a reply) is ~75 µs of CPU a
-    batch on the benchmark VM (docs/benchmarks.md "Stop 17"). Replies are read under the
+    reply is ``[[stream, [[id, [field, value, ...]], ...]]]``, a map of the same under RESP3,
+    or None), an error reply as its :class:`redis.exceptions.ResponseError` in its place.
+    What a pipeline costs beyond that (its object, a retry wrapper, a shielded reset, a
+    callback a reply): the worker's CPU a request at c1 went ~1,030 → ~760–850 µs without
+    it (docs/benchmarks.md "Stop 17"). Replies are read under the
     client's socket timeout. Raises :class:`redis.exceptions.ConnectionError` /
     :class:`redis.exceptions.TimeoutError` with nothing retried: the connection is then
     dropped (its replies are unread), as it is when the caller is cancelled."""
