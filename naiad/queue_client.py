@@ -273,9 +273,8 @@ class QueueDispatcher:
         enqueues made in one turn of the loop, those made while a write is in flight, and
         those that keep arriving turn after turn (:mod:`naiad.group_commit`) go together:
         one script call per stream (``script_keys``) and bound (``head``: max queue, group,
-        batch), several in one pipeline of ``EVAL`` (a pipeline holding a registered script
-        would first send SCRIPT EXISTS), so under load one round trip (one write, one wake-up
-        of Redis) and one script run carry many.
+        batch), every call of a write in one batch (:meth:`_send_adds`), so under load one
+        round trip (one write, one wake-up of Redis) and one script run carry many.
 
         No task or shield per request: a caller cancelled while its enqueue is in flight
         leaves a cancelled future, and :meth:`_add_many` withdraws the entry it gets back."""
@@ -343,20 +342,21 @@ class QueueDispatcher:
                     add.future.set_result(entry_id)
 
     async def _send_adds(self, calls: list[tuple[tuple[str, str], list[Any]]]) -> list[Any]:
-        """One :data:`BOUNDED_XADD` per ``(keys, args)`` in one write (:func:`send_batch`):
-        ``EVALSHA`` for one (loaded first when Redis lost the script: NOSCRIPT), ``EVAL`` for
-        several. Each result, or its error reply in its place."""
+        """One :data:`BOUNDED_XADD` per ``(keys, args)``, by ``EVALSHA``, all in one write
+        (:func:`send_batch`); a call answered NOSCRIPT (Redis lost its script cache) is made
+        again through redis-py's script object, which loads it. Each result, or its error in
+        its place."""
         batch = CommandBatch()
-        if len(calls) == 1:
-            ((script_keys, args),) = calls
-            batch.evalsha(self._xadd.sha, len(script_keys), *script_keys, *args)
-            results = await send_batch(self.redis, batch)
-            if isinstance(results[0], NoScriptError):
-                results = [await self._xadd(keys=script_keys, args=args)]  # redis-py loads it
-            return results
         for script_keys, args in calls:
-            batch.eval(BOUNDED_XADD, len(script_keys), *script_keys, *args)
-        return await send_batch(self.redis, batch)
+            batch.evalsha(self._xadd.sha, len(script_keys), *script_keys, *args)
+        results = await send_batch(self.redis, batch)
+        for i, (script_keys, args) in enumerate(calls):
+            if isinstance(results[i], NoScriptError):
+                try:
+                    results[i] = await self._xadd(keys=script_keys, args=args)
+                except Exception as exc:  # its own callers see it, not the others'
+                    results[i] = exc
+        return results
 
     def _withdraw(self, stream: str, entry_id: bytes | None) -> None:
         """XACK + XDEL ``entry_id`` in the background (the caller is being cancelled, and a

@@ -121,9 +121,10 @@ def remove_stale_folders(directory: str | None = None) -> None:
 
 def _stale(folder: str) -> bool:
     try:
-        if time.time() - os.stat(folder).st_mtime < STALE_AFTER_S or os.stat(folder).st_uid != os.getuid():
-            return False
+        info = os.stat(folder)
     except OSError:
+        return False
+    if time.time() - info.st_mtime < STALE_AFTER_S or info.st_uid != os.getuid():
         return False
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
         probe.settimeout(0.1)
@@ -226,8 +227,9 @@ class _Receiver(asyncio.Protocol):
                 return
             if len(self.buffer) < end:
                 return
-            raw_stats = bytes(self.buffer[FRAME.size : FRAME.size + stats_len])
-            replies = bytes(self.buffer[FRAME.size + stats_len : end])
+            with memoryview(self.buffer) as view:  # one copy of each part, not two
+                raw_stats = bytes(view[FRAME.size : FRAME.size + stats_len])
+                replies = bytes(view[FRAME.size + stats_len : end])
             del self.buffer[:end]
             self._frame(raw_stats, replies)
 
@@ -290,9 +292,3 @@ class ReplyConnections:
         transport.write(FRAME.pack(0, len(token)) + token.encode())
         self._transports[address] = transport  # type: ignore[assignment]
         return transport  # type: ignore[return-value]
-
-    def close(self) -> None:
-        for transport in self._transports.values():
-            with contextlib.suppress(Exception):
-                transport.close()
-        self._transports.clear()

@@ -1,12 +1,16 @@
 """A worker's reply pipeline: one Redis round trip per batch for everything it has to say.
 
-:meth:`ReplySender.send` writes, in one pipeline: the batch's statistics first (one command,
-:func:`naiad.stats.add_execution`, so a gateway that has its reply already sees them), the
-versions pulled and loaded since the last batch (:mod:`naiad.telemetry`), one ``RPUSH`` per
-gateway of the batch's replies for it, concatenated (:func:`naiad.codec.decode_replies`), with
-the reply list's TTL (a dead gateway's replies vanish), ``XACK`` and ``XDEL`` of the entries,
-and, when asked, the worker's next claim (``XREADGROUP``) as its last command: one write and
-one wake-up of Redis less per batch. Redis answers the commands before the claim at once (the
+:meth:`ReplySender.send` first writes a batch that answers one gateway, and carries no
+telemetry, to that gateway's direct reply channel when it has one (:mod:`naiad.reply_channel`:
+the replies and the batch's statistics in one frame). Then, in one write of commands
+(:func:`naiad.redis_client.send_batch`): the versions pulled and loaded since the last batch
+(:mod:`naiad.telemetry`), the batch's statistics unless a frame carried them (one command,
+:func:`naiad.stats.add_execution`, before any reply, so a gateway that has its reply already
+sees them), one ``RPUSH`` per gateway not answered directly of the batch's replies for it,
+concatenated (:func:`naiad.codec.decode_replies`), with the reply list's TTL (a dead
+gateway's replies vanish), ``XACK`` and ``XDEL`` of the entries, and, when asked, the
+worker's next claim (``XREADGROUP``) as its last command: one write and one wake-up of Redis
+less per batch. Redis answers the commands before the claim at once (the
 gateways have their replies) and the pipeline then waits for the claim, which blocks when
 the worker holds nothing.
 """
@@ -81,28 +85,24 @@ class ReplySender:
         batch = CommandBatch()  # one write, raw replies (naiad.redis_client.send_batch)
         self.add_downloads(batch)  # a version first asked for now, pulled lazily
         by_list: dict[str, list[bytes]] = {}  # one element per gateway, replies in order
-        addresses: dict[str, tuple[str, str] | None] = {}
         for queued, payload in pairs:
             by_list.setdefault(queued.reply_to, []).append(payload)
-            addresses.setdefault(queued.reply_to, queued.reply_address)
-        through_redis = list(by_list.items())
         # direct only for a batch that answers one gateway and has no telemetry: what a client
         # may read once it has its answer (the statistics) then travels with that answer
-        address = addresses[through_redis[0][0]] if len(through_redis) == 1 else None
-        if address and not batch.commands:
+        address = pairs[0][0].reply_address if len(by_list) == 1 and not batch.commands else None
+        if address is not None:
             raw_stats = encode_executions(self.model, runs) if runs else b""
-            if await self.direct.send(address, b"".join(through_redis[0][1]), raw_stats):
-                through_redis, runs = [], ()  # that gateway records the statistics
+            if await self.direct.send(address, b"".join(payload for _, payload in pairs), raw_stats):
+                by_list, runs = {}, ()  # that gateway records the statistics
         for run in runs:
             stats.add_execution(batch, self.model, run)
-        for reply_to, payloads in through_redis:
+        for reply_to, payloads in by_list.items():
             batch.rpush(reply_to, b"".join(payloads))  # naiad.codec.decode_replies
             batch.expire(reply_to, keys.REPLY_TTL_S)
         self.queue.acknowledge(batch, [queued for queued, _ in pairs])
         sent = self.queue.read_on(batch, *claim) if claim is not None else 0.0
-        *results, reply = await send_batch(self.redis, batch)
-        if claim is None:
-            results.append(reply)
+        results = await send_batch(self.redis, batch)
+        reply = results.pop() if claim is not None else None
         for result in results:
             if isinstance(result, Exception):
                 raise result

@@ -155,7 +155,7 @@ def test_enqueues_of_one_turn_share_one_call_and_each_meets_the_bound(redis_url:
 
 def test_an_enqueue_after_redis_lost_its_scripts_loads_the_script_again(redis_url: str) -> None:
     """A restarted Redis knows no script (NOSCRIPT for EVALSHA): the enqueue loads it again
-    and the request goes through."""
+    and the request goes through, also when one write carries the calls of two streams."""
 
     async def scenario(dispatcher: QueueDispatcher, redis) -> None:
         for value in (1.0, 2.0):
@@ -164,6 +164,13 @@ def test_an_enqueue_after_redis_lost_its_scripts_loads_the_script_again(redis_ur
             (queued,) = await claim(redis)
             await answer(redis, queued)
             assert (await waiting).outputs[0].data.tolist() == [[value]]
+        await redis.script_flush()
+        both = [asyncio.create_task(dispatcher.infer(request(v), 10, placement=placement(stream)))
+                for v, stream in ((3.0, HIGH), (4.0, LOW))]  # fmt: skip
+        for stream in (HIGH, LOW):
+            (queued,) = await claim(redis, stream)
+            await answer(redis, queued)
+        assert [(await w).outputs[0].data.tolist() for w in both] == [[[3.0]], [[4.0]]]
 
     run(redis_url, scenario)
 
