@@ -188,6 +188,10 @@ def test_a_burst_to_a_model_at_zero_is_queued_whole_and_wakes_it_once_a_write(re
         calls = [asyncio.create_task(dispatcher.infer(request(i), 20, placement=placement()))
                  for i in range(BURST)]  # fmt: skip
         await wait_queued(redis, HIGH, BURST)
+        deadline = time.monotonic() + 10  # the wakes follow the entries, in the background
+        while not (wakes := await redis.lrange(keys.SCALER_WAKE, 0, -1)) and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.2)  # a wake a request would still be arriving now
         wakes = await redis.lrange(keys.SCALER_WAKE, 0, -1)
         assert wakes and set(wakes) == {MODEL.encode()} and len(wakes) <= 10, len(wakes)
         queued = await claim(redis, count=BURST)
