@@ -59,12 +59,20 @@ async def _site(
 
 
 @contextlib.asynccontextmanager
-async def _dispatcher(redis: aioredis.Redis, redis_url: str, direct: bool) -> AsyncIterator[QueueDispatcher]:
-    """The gateway's queue client, with its direct reply channel when ``direct``
-    (:mod:`naiad.reply_channel`; closed after the client stopped)."""
+async def _dispatcher(
+    redis: aioredis.Redis, redis_url: str, settings: Settings
+) -> AsyncIterator[QueueDispatcher]:  # fmt: skip
+    """The gateway's queue client, with its direct reply channel per ``direct_replies``,
+    which also hands requests to idle workers per ``direct_requests`` (:mod:`naiad.reply_channel`;
+    closed after the client stopped), checking the heartbeat of one that holds a request
+    a heartbeat period unanswered."""
     reader = connect(redis_url, longest_block_s=READER_BLOCK_S)
     dispatcher = QueueDispatcher(redis, reader)
-    replies = ReplyServer(dispatcher.deliver, dispatcher.record_execution) if direct else None
+    hand_off = settings.direct_requests
+    orphaned = dispatcher.orphaned if hand_off else None
+    replies = None
+    if settings.direct_replies:
+        replies = ReplyServer(dispatcher.deliver, dispatcher.record_execution, orphaned)
     if replies is not None:
         try:
             await replies.start()
@@ -73,6 +81,8 @@ async def _dispatcher(redis: aioredis.Redis, redis_url: str, direct: bool) -> As
             replies = None
         else:
             dispatcher.reply_address = replies.address
+            dispatcher.direct = replies if hand_off else None
+            dispatcher.liveness_s = settings.heartbeat_s
     await dispatcher.start()
     try:
         yield dispatcher
@@ -151,7 +161,7 @@ async def run_gateway(settings: Settings, redis_url: str, stop: asyncio.Event) -
         if settings.model_control_mode == "poll":
             polling = poll_repository(registry, settings.repository_poll_secs)
             await stack.enter_async_context(_background(polling))
-        dispatcher = await stack.enter_async_context(_dispatcher(redis, redis_url, settings.direct_replies))
+        dispatcher = await stack.enter_async_context(_dispatcher(redis, redis_url, settings))
         cache = await _response_cache(stack, settings, redis, redis_url)
         dataplane = DataPlane(
             redis, registry, dispatcher, settings.request_timeout_s, settings.model_control_mode,

@@ -46,12 +46,13 @@ import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError, RedisError
 
 from naiad import group_commit, keys, logs, stats, tasks, tracing
-from naiad.codec import Reply, decode_replies, encode_request
+from naiad.codec import DATA, HEADER, Reply, decode_replies, encode_request
 from naiad.errors import DeadlineExceeded, InvalidInput, Overloaded, QueueTimeout, Unavailable
 from naiad.ids import fresh_id
 from naiad.inference import InferRequest, InferResponse
 from naiad.queue_policy import Placement
 from naiad.redis_client import CommandBatch, send_batch
+from naiad.reply_channel import ReplyServer, WorkerLink
 from naiad.reply_order import ReplyOrder
 
 logger = logging.getLogger(__name__)
@@ -114,6 +115,14 @@ class _Add(NamedTuple):
     model: str
 
 
+class _Orphaned(Exception):
+    """The worker a request was handed to went away before answering it."""
+
+
+def _timed_out(request: InferRequest, timeout_s: float) -> DeadlineExceeded:
+    return DeadlineExceeded(f"request to model '{request.model}' timed out after {timeout_s:g} s")
+
+
 def _expire(future: asyncio.Future[Any]) -> None:
     """A reply's deadline passed: its waiter gets TimeoutError (unless it was answered)."""
     if not future.done():
@@ -147,6 +156,15 @@ class QueueDispatcher:
         self._next_adds: list[_Add] = []
         #: This client's direct reply channel, named in its requests (naiad.reply_channel).
         self.reply_address: tuple[str, str] | None = None
+        #: Hands requests to idle workers on this machine (naiad.reply_channel), when set.
+        self.direct: ReplyServer | None = None
+        #: Seconds after which an unanswered handed request's worker is checked (heartbeat period).
+        self.liveness_s = 2.0
+        #: Model -> this client's requests queued through Redis and not answered yet: while
+        #: one is, no request of that model is handed off (it would overtake them, and split
+        #: the batches a busy worker forms from its stream).
+        self._in_queue: dict[str, int] = {}
+        self._checks: set[asyncio.Task[None]] = set()
         #: Takes the statistics that come with replies (StatsWriter.add): see record_execution.
         self.stats_sink: Callable[[Callable[[Any], None]], object] | None = None
 
@@ -183,12 +201,98 @@ class QueueDispatcher:
         """
         placement = placement or Placement(0, keys.request_stream(request.model), max_queue, 0.0, True, False)
         queue_id = fresh_id()
+        link = None
+        if self.direct is not None and not placement.ordered and not self._in_queue.get(request.model):
+            link = self.direct.take(request.model, request.version)
+        reply = None
+        if link is not None:  # a worker on this machine waits idle for it
+            started = asyncio.get_running_loop().time()
+            reply = await self._hand(link, queue_id, request, timeout_s, placement)
+            timeout_s -= asyncio.get_running_loop().time() - started
+        if reply is None:
+            reply = await self._queued(queue_id, request, timeout_s, placement)
+        if reply.error is not None:
+            raise reply.error
+        return InferResponse(request.model, request.version, reply.outputs, request.id)
+
+    async def _hand(
+        self, link: WorkerLink, queue_id: str, request: InferRequest, timeout_s: float, placement: Placement
+    ) -> Reply | None:  # fmt: skip
+        """Hand ``request`` to the idle worker behind ``link`` (:mod:`naiad.reply_channel`)
+        and wait at most ``timeout_s`` for its reply; None when the worker went away first
+        (the caller queues it through Redis). Raises :class:`DeadlineExceeded` on timeout. A
+        timed-out or cancelled request is withdrawn (:meth:`WorkerLink.withdraw`)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Reply] = loop.create_future()
+        self._pending[queue_id] = future
+        timer = loop.call_later(timeout_s, _expire, future)
+        check = loop.call_later(self.liveness_s, self._check_worker, link, queue_id, request.model)
+        try:
+            with tracing.span("naiad.enqueue", kind="producer"):
+                fields = self._fields(queue_id, request, timeout_s)
+                if not link.hand(queue_id, placement.level, fields[HEADER], fields[DATA]):
+                    return None
+            return await future
+        except _Orphaned:
+            return None
+        except TimeoutError:
+            link.withdraw(queue_id)
+            raise _timed_out(request, timeout_s) from None
+        except asyncio.CancelledError:
+            link.withdraw(queue_id)
+            raise
+        finally:
+            timer.cancel()
+            check.cancel()
+            self._pending.pop(queue_id, None)
+            link.forget(queue_id)
+
+    def _check_worker(self, link: WorkerLink, queue_id: str, model: str) -> None:
+        """A request handed to a worker is not answered after :attr:`liveness_s`: when that
+        worker's heartbeat lapsed (frozen, hung: its connection stays open), its caller
+        queues it through Redis, as a reclaim would take a claimed entry
+        (:mod:`workers.reclaim`); else look again after as long."""
+        if queue_id in link.handed:  # not answered, nor queued through Redis already
+            task = asyncio.get_running_loop().create_task(self._worker_alive(link, queue_id, model))
+            self._checks.add(task)
+            task.add_done_callback(self._checks.discard)
+
+    async def _worker_alive(self, link: WorkerLink, queue_id: str, model: str) -> None:
+        try:
+            deadline = await self.redis.zscore(keys.workers(model), link.worker_id)
+        except RedisError as exc:
+            logger.warning("could not check the heartbeat of worker %s: %s", link.worker_id, exc)
+            deadline = float("inf")
+        if queue_id not in link.handed:
+            return
+        if deadline is None or deadline < time.time():
+            logger.warning("worker %s of '%s' holds a request without a heartbeat: queueing it again",
+                           link.worker_id, model)  # fmt: skip
+            link.withdraw(queue_id)  # should it resume, it skips it
+            self.orphaned(queue_id)
+        else:
+            asyncio.get_running_loop().call_later(self.liveness_s, self._check_worker, link, queue_id, model)
+
+    def orphaned(self, queue_id: str) -> None:
+        """The worker ``queue_id`` was handed to went away unanswered: its caller queues it."""
+        future = self._pending.get(queue_id)
+        if future is not None and not future.done():
+            future.set_exception(_Orphaned())
+
+    async def _queued(
+        self, queue_id: str, request: InferRequest, timeout_s: float, placement: Placement
+    ) -> Reply:  # fmt: skip
+        """:meth:`infer` through the model's stream: enqueue, await the reply, withdraw on a
+        timeout or a cancellation."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Reply] = loop.create_future()
         self._pending[queue_id] = future
         slot = self._order.open(placement.stream) if placement.ordered else None
         entry_id: bytes | None = None
+        self._in_queue[request.model] = self._in_queue.get(request.model, 0) + 1
         try:
+            if timeout_s <= 0:
+                raise TimeoutError
             entry_id = await self._enqueue(queue_id, request, timeout_s, placement)
             entry_at = loop.time()
             deadline = entry_at + timeout_s
@@ -199,19 +303,16 @@ class QueueDispatcher:
                 await asyncio.wait_for(self._order.turn(placement.stream, slot), deadline - loop.time())
         except TimeoutError:
             self._withdraw(placement.stream, entry_id)
-            raise DeadlineExceeded(
-                f"request to model '{request.model}' timed out after {timeout_s:g} s"
-            ) from None
+            raise _timed_out(request, timeout_s) from None
         except asyncio.CancelledError:  # before the entry id came back: _add_many withdraws it
             self._withdraw(placement.stream, entry_id)
             raise
         finally:
             self._pending.pop(queue_id, None)
+            self._in_queue[request.model] -= 1
             if slot is not None:
                 self._order.close(placement.stream, slot)
-        if reply.error is not None:
-            raise reply.error
-        return InferResponse(request.model, request.version, reply.outputs, request.id)
+        return reply
 
     async def _await_reply(
         self, future: asyncio.Future[Reply], placement: Placement, entry_id: bytes, entry_at: float,
@@ -248,12 +349,7 @@ class QueueDispatcher:
         :class:`Overloaded` when the queue is full, :class:`Unavailable` when Redis cannot be
         reached."""
         with tracing.span("naiad.enqueue", kind="producer"):
-            now = time.time()
-            fields = encode_request(
-                queue_id, request, self.reply_key, now + timeout_s, now,
-                traceparent=tracing.traceparent(), log_id=logs.REQUEST_ID.get(),
-                reply_address=self.reply_address,
-            )
+            fields = self._fields(queue_id, request, timeout_s)
             flat = [item for pair in fields.items() for item in pair]
             max_queue, script_keys = placement.max_queue, (placement.stream, keys.workers(request.model))
             head = (max_queue, keys.WORKER_GROUP, placement.batch)
@@ -263,6 +359,15 @@ class QueueDispatcher:
             raise Overloaded(f"Exceeds maximum queue size: the queue of model '{request.model}'"
                              f"{level} is full ({max_queue} requests)")  # fmt: skip
         return entry_id
+
+    def _fields(self, queue_id: str, request: InferRequest, timeout_s: float) -> dict[bytes, bytes]:
+        """The stream entry's fields of ``request`` (:func:`naiad.codec.encode_request`),
+        inside the caller's enqueue span (the worker's spans are its children)."""
+        now = time.time()
+        return encode_request(
+            queue_id, request, self.reply_key, now + timeout_s, now,
+            traceparent=tracing.traceparent(), log_id=logs.REQUEST_ID.get(), reply_address=self.reply_address,
+        )  # fmt: skip
 
     async def _add(
         self, script_keys: tuple[str, str], head: tuple[int, str, int], fields: list[Any], model: str

@@ -18,12 +18,29 @@ gateway records them with its own (:class:`naiad.stats_writer.StatsWriter`), so 
 that has its answer sees them after that gateway's flush, as when the worker wrote them to
 Redis before the reply.
 
-Frame (worker to gateway only): ``>II`` header (statistics length, replies length), the
+The same connection also carries requests the other way, to a worker that is idle (direct
+hand-off): a worker about to wait for work *offers* each gateway it is connected to one
+request of its model for the versions it loaded (an offer frame; the next reply frame
+carries it when the worker will be idle after that batch). A gateway with an offer for a
+request's model and version sends the request down that connection instead of through Redis
+(:meth:`ReplyServer.take`, :meth:`Link.hand`): two hops a request, as Triton's server to its
+stub, instead of four process wake-ups through Redis. The gateway holds the request until
+its answer comes: when the connection closes first (the worker exited or died) it queues
+the request through Redis as any other (:meth:`naiad.queue_client.QueueDispatcher.infer`),
+so no request is lost to this path; one answered twice keeps its first answer.
+
+Frames, worker to gateway: ``>II`` header (statistics length, replies length), the
 statistics (msgpack, or empty), the replies (encoded replies concatenated, as one element
-of the reply list: :func:`naiad.codec.decode_replies`). A connection's first frame is
-exactly the server's token as its replies, within :data:`TOKEN_TIMEOUT_S`; otherwise, or
-for a frame over :data:`MAX_FRAME_BYTES`, or past :data:`MAX_CONNECTIONS`, the gateway
-closes the connection (docs/reliability.md, "The direct reply channel").
+of the reply list: :func:`naiad.codec.decode_replies`); or, with :data:`OFFER` as the
+statistics length, an offer: msgpack ``[model, [version, ...], requests, worker id]``
+(``requests`` 0 withdraws it). A connection's first frame is exactly the server's token as its replies,
+within :data:`TOKEN_TIMEOUT_S`; otherwise, or for a frame over :data:`MAX_FRAME_BYTES`, or
+a malformed offer, or past :data:`MAX_CONNECTIONS`, the gateway closes the connection
+(docs/reliability.md, "The direct reply channel"). Gateway to worker: ``>III`` header
+(priority level, entry header length, entry data length), then the two fields of the
+request's stream entry (:func:`naiad.codec.encode_request`); or, with :data:`WITHDRAW` as
+the level, the withdrawal of a request handed earlier whose caller went away (the queue id
+as the header, no data): the worker drops it unless it is running already.
 """
 
 from __future__ import annotations
@@ -47,6 +64,14 @@ from naiad import stats
 logger = logging.getLogger(__name__)
 
 FRAME = Struct(">II")
+#: The statistics length that marks a worker's frame as an offer (module doc).
+OFFER = 0xFFFF_FFFF
+#: Most requests one offer may ask for.
+MAX_OFFER = 16
+#: A request handed to a worker: priority level, entry header length, entry data length.
+REQUEST = Struct(">III")
+#: The level that marks a gateway's frame as a withdrawal: its header is the request's queue id.
+WITHDRAW = 0xFFFF_FFFF
 #: Bytes a worker leaves unsent on one connection before it sends through Redis instead.
 MAX_BUFFERED_BYTES = 64 * 1024 * 1024
 #: Seconds a worker waits to connect, and then goes through Redis for that gateway.
@@ -144,14 +169,18 @@ class ReplyServer:
     and ``record(model, execution)`` its statistics, first."""
 
     def __init__(
-        self, deliver: Callable[[bytes], None], record: Callable[[str, stats.Execution], None]
-    ) -> None:
-        self.deliver, self.record = deliver, record
+        self, deliver: Callable[[bytes], None], record: Callable[[str, stats.Execution], None],
+        orphaned: Callable[[str], None] | None = None,
+    ) -> None:  # fmt: skip
+        self.deliver, self.record, self.orphaned = deliver, record, orphaned
+        #: Takes workers' offers (direct hand-off); False: offers are ignored, no request goes this way.
+        self.hand_off = orphaned is not None
         self.token = secrets.token_hex(16)
         self._dir = tempfile.mkdtemp(prefix=FOLDER_PREFIX)  # mode 0700
         self.path = os.path.join(self._dir, SOCKET_NAME)
         self._server: asyncio.AbstractServer | None = None
-        self._receivers: set[_Receiver] = set()
+        self._receivers: set[WorkerLink] = set()
+        self._offers: dict[str, list[WorkerLink]] = {}  # model -> connections with an offer
 
     @property
     def address(self) -> Address:
@@ -163,10 +192,37 @@ class ReplyServer:
         remove_stale_folders(os.path.dirname(self._dir))
         try:
             loop = asyncio.get_running_loop()
-            self._server = await loop.create_unix_server(lambda: _Receiver(self), self.path)
+            self._server = await loop.create_unix_server(lambda: WorkerLink(self), self.path)
         except OSError:
             shutil.rmtree(self._dir, ignore_errors=True)
             raise
+
+    def take(self, model: str, version: int) -> WorkerLink | None:
+        """A worker connection with an offer for ``model`` at ``version``, its offer taken
+        (the request must then go by :meth:`WorkerLink.hand`); None when there is none."""
+        offers = self._offers.get(model)
+        if not offers:
+            return None
+        for i in range(len(offers) - 1, -1, -1):  # the last to offer: its caches are warmest
+            link = offers[i]
+            if version in link.versions and link.transport is not None:
+                link.offered -= 1
+                if link.offered <= 0:
+                    del offers[i]
+                return link
+        return None
+
+    def _offer(self, link: WorkerLink, model: str, versions: frozenset[int], count: int) -> None:
+        self._withdraw(link)
+        link.model, link.versions, link.offered = model, versions, count
+        if count > 0 and self.hand_off:
+            self._offers.setdefault(model, []).append(link)
+
+    def _withdraw(self, link: WorkerLink) -> None:
+        offers = self._offers.get(link.model or "")
+        if offers and link in offers:
+            offers.remove(link)
+        link.offered = 0
 
     async def close(self) -> None:
         """Stop listening and close every connection (after the gateway's callers are done)."""
@@ -178,8 +234,9 @@ class ReplyServer:
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
-class _Receiver(asyncio.Protocol):
-    """One worker's connection: frames in, handed to the server's callbacks."""
+class WorkerLink(asyncio.Protocol):
+    """One worker's connection: frames in, handed to the server's callbacks; requests out
+    (:meth:`hand`) while the worker offers them."""
 
     def __init__(self, server: ReplyServer) -> None:
         self.server = server
@@ -187,6 +244,31 @@ class _Receiver(asyncio.Protocol):
         self.buffer = bytearray()
         self.trusted = False
         self._timer: asyncio.TimerHandle | None = None
+        self.model: str | None = None  # the worker's model, from its first offer
+        self.worker_id = ""  # its id (heartbeats: naiad.keys.workers)
+        self.versions: frozenset[int] = frozenset()  # the versions it offered
+        self.offered = 0  # requests it still takes by its last offer
+        self.handed: set[str] = set()  # queue ids handed to it and not answered yet
+
+    def hand(self, queue_id: str, level: int, header: bytes, data: bytes) -> bool:
+        """Send the request ``queue_id`` (its stream entry's fields) to the worker (False:
+        the connection is closed, nothing sent); until :meth:`forget`, its caller is told
+        (``orphaned``) if the connection closes."""
+        if self.transport is None or self.transport.is_closing():
+            return False
+        self.handed.add(queue_id)
+        self.transport.writelines((REQUEST.pack(level, len(header), len(data)), header, data))
+        return True
+
+    def withdraw(self, queue_id: str) -> None:
+        """The caller of a request handed here went away: the worker drops it unless it is
+        running already (as a withdrawn stream entry: :mod:`naiad.queue_client`)."""
+        if queue_id in self.handed and self.transport is not None and not self.transport.is_closing():
+            raw = queue_id.encode()
+            self.transport.writelines((REQUEST.pack(WITHDRAW, len(raw), 0), raw))
+
+    def forget(self, queue_id: str) -> None:
+        self.handed.discard(queue_id)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -204,9 +286,17 @@ class _Receiver(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server._receivers.discard(self)
+        self.server._withdraw(self)
         if self._timer is not None:
             self._timer.cancel()
         self.transport = None
+        handed, self.handed = self.handed, set()
+        if handed:
+            logger.info("worker %s went away holding %d requests handed to it: they go through Redis",
+                        self.worker_id, len(handed))  # fmt: skip
+        for queue_id in handed:  # the worker is gone: those go through Redis now
+            if self.server.orphaned is not None:
+                self.server.orphaned(queue_id)
 
     def close(self) -> None:
         if self.transport is not None:
@@ -220,18 +310,38 @@ class _Receiver(asyncio.Protocol):
                 logger.warning("closed a reply connection whose first frame is not a token")
                 self.close()
                 return
-            end = FRAME.size + stats_len + replies_len
+            offer = stats_len == OFFER
+            end = FRAME.size + (0 if offer else stats_len) + replies_len
             if end > MAX_FRAME_BYTES:
                 logger.warning("closed a reply connection that sent a frame of %d bytes", end)
                 self.close()
                 return
             if len(self.buffer) < end:
                 return
+            if offer:
+                raw = bytes(self.buffer[FRAME.size : end])
+                del self.buffer[:end]
+                self._take_offer(raw)
+                continue
             with memoryview(self.buffer) as view:  # one copy of each part, not two
                 raw_stats = bytes(view[FRAME.size : FRAME.size + stats_len])
                 replies = bytes(view[FRAME.size + stats_len : end])
             del self.buffer[:end]
             self._frame(raw_stats, replies)
+
+    def _take_offer(self, raw: bytes) -> None:
+        """An offer frame (module doc); a malformed one closes the connection."""
+        try:
+            model, versions, count, worker_id = msgpack.unpackb(raw)
+            model, count, self.worker_id = _str(model), _int(count), _str(worker_id)
+            versions = frozenset(_int(v) for v in versions)
+            if not 0 <= count <= MAX_OFFER or (self.model is not None and model != self.model):
+                raise ValueError(f"an offer of {count} requests of '{model}'")
+        except (ValueError, TypeError, OverflowError, msgpack.UnpackException) as exc:
+            logger.warning("closed a reply connection that sent a malformed offer: %s", exc)
+            self.close()
+            return
+        self.server._offer(self, model, versions, count)
 
     def _frame(self, raw_stats: bytes, replies: bytes) -> None:
         if not self.trusted:
@@ -251,44 +361,137 @@ class _Receiver(asyncio.Protocol):
         self.server.deliver(replies)
 
 
+class GatewayLink(asyncio.Protocol):
+    """A worker's connection to one gateway: requests handed to it come in here."""
+
+    def __init__(self, owner: ReplyConnections, address: Address) -> None:
+        self.owner, self.address = owner, address
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+        self.offered = False  # an offer of this worker is open at that gateway
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while len(self.buffer) >= REQUEST.size and self.transport is not None:
+            level, header_len, data_len = REQUEST.unpack_from(self.buffer)
+            end = REQUEST.size + header_len + data_len
+            if end > MAX_FRAME_BYTES:
+                logger.warning("closed the connection to a gateway that sent a frame of %d bytes", end)
+                self.transport.close()
+                return
+            if len(self.buffer) < end:
+                return
+            with memoryview(self.buffer) as view:
+                header = bytes(view[REQUEST.size : REQUEST.size + header_len])
+                entry_data = bytes(view[REQUEST.size + header_len : end])
+            del self.buffer[:end]
+            if level == WITHDRAW:
+                self.owner.on_withdraw(header.decode("ascii", "replace"))
+                continue
+            self.offered = False  # one request an offer
+            self.owner.on_request(level, header, entry_data)
+
+
 class ReplyConnections:
-    """A worker's end: one connection per gateway address, opened on first use."""
+    """A worker's end: one connection per gateway address, opened on first use.
+    ``on_request(level, header, data)`` takes each request a gateway hands over (direct
+    hand-off; module doc), ``on_withdraw(queue_id)`` each withdrawal; :attr:`offer` is what
+    the worker offers when idle."""
 
-    def __init__(self) -> None:
-        self._transports: dict[Address, asyncio.Transport] = {}
+    def __init__(
+        self, on_request: Callable[[int, bytes, bytes], None] | None = None, worker_id: str = ""
+    ) -> None:  # fmt: skip
+        self.worker_id = worker_id
+        self._links: dict[Address, GatewayLink] = {}
         self._failed: dict[Address, float] = {}  # address -> monotonic time to try again
+        self.on_request = on_request or (lambda level, header, data: None)
+        self.on_withdraw: Callable[[str], None] = lambda queue_id: None
+        #: ``(model, versions)`` this worker takes requests of when idle; None: it offers none.
+        self.offer: tuple[str, list[int]] | None = None
 
-    async def send(self, address: Address, replies: bytes, raw_stats: bytes = b"") -> bool:
+    @property
+    def connected(self) -> bool:
+        return any(link.transport is not None for link in self._links.values())
+
+    async def send(
+        self, address: Address, replies: bytes, raw_stats: bytes = b"", offer: bool = False
+    ) -> bool:  # fmt: skip
         """Write one frame to ``address``; False when it cannot go this way (the caller
-        sends the replies, and the statistics, through Redis)."""
-        transport = self._transports.get(address)
-        if transport is None or transport.is_closing():
-            transport = await self._connect(address)
-            if transport is None:
+        sends the replies, and the statistics, through Redis). ``offer``: the worker will
+        be idle after this batch: the frame carries its offer when that gateway has none."""
+        link = self._links.get(address)
+        if link is None or link.transport is None or link.transport.is_closing():
+            link = await self._connect(address)
+            if link is None:
                 return False
+        transport = link.transport
+        assert transport is not None
         if transport.get_write_buffer_size() > MAX_BUFFERED_BYTES:
             return False
-        transport.writelines((FRAME.pack(len(raw_stats), len(replies)), raw_stats, replies))
+        parts = [FRAME.pack(len(raw_stats), len(replies)), raw_stats, replies]
+        if offer and not link.offered and self.offer is not None:
+            parts += self._offer_frame(link, 1)
+        transport.writelines(parts)
         return True
 
-    async def _connect(self, address: Address) -> asyncio.Transport | None:
-        self._transports.pop(address, None)
-        if len(self._transports) + len(self._failed) > 64:  # gateways come and go: forget the gone
+    def offer_all(self) -> None:
+        """Offer one request to every connected gateway that has no offer of this worker."""
+        if self.offer is None:
+            return
+        for link in self._links.values():
+            if not link.offered and link.transport is not None and not link.transport.is_closing():
+                link.transport.writelines(self._offer_frame(link, 1))
+
+    def withdraw_all(self) -> None:
+        """Withdraw every open offer; no more are made (the worker stops taking requests
+        this way). A request already on its way still arrives (``on_request``)."""
+        if self.offer is not None:
+            for link in self._links.values():
+                if link.offered and link.transport is not None and not link.transport.is_closing():
+                    link.transport.writelines(self._offer_frame(link, 0))
+        self.offer = None
+
+    def _offer_frame(self, link: GatewayLink, count: int) -> list[bytes]:
+        assert self.offer is not None
+        model, versions = self.offer
+        raw = msgpack.packb([model, versions, count, self.worker_id])
+        link.offered = count > 0
+        return [FRAME.pack(OFFER, len(raw)), raw]
+
+    def close(self) -> None:
+        """Close every connection: the gateways queue what they handed here and was not
+        answered through Redis. The next :meth:`send` connects again."""
+        for link in self._links.values():
+            if link.transport is not None:
+                link.transport.close()
+        self._links.clear()
+
+    async def _connect(self, address: Address) -> GatewayLink | None:
+        self._links.pop(address, None)
+        if len(self._links) + len(self._failed) > 64:  # gateways come and go: forget the gone
             now = time.monotonic()
-            self._transports = {a: t for a, t in self._transports.items() if not t.is_closing()}
+            self._links = {a: link for a, link in self._links.items() if link.transport is not None}
             self._failed = {a: until for a, until in self._failed.items() if until > now}
         if time.monotonic() < self._failed.get(address, 0.0):
             return None
         path, token = address
         try:
-            transport, _ = await asyncio.wait_for(
-                asyncio.get_running_loop().create_unix_connection(asyncio.Protocol, path), CONNECT_TIMEOUT_S
+            _, link = await asyncio.wait_for(
+                asyncio.get_running_loop().create_unix_connection(lambda: GatewayLink(self, address), path),
+                CONNECT_TIMEOUT_S,
             )
         except (OSError, TimeoutError) as exc:
             logger.debug("replies to %s go through Redis: %s", path, exc)
             self._failed[address] = time.monotonic() + RETRY_AFTER_S
             return None
         self._failed.pop(address, None)
-        transport.write(FRAME.pack(0, len(token)) + token.encode())
-        self._transports[address] = transport  # type: ignore[assignment]
-        return transport  # type: ignore[return-value]
+        assert link.transport is not None
+        link.transport.write(FRAME.pack(0, len(token)) + token.encode())
+        self._links[address] = link
+        return link

@@ -225,6 +225,11 @@ class Settings(BaseSettings):
     (:mod:`naiad.reply_channel`: one hop instead of two through Redis) and through Redis when
     that fails (``NAIAD_DIRECT_REPLIES``); false: every reply through Redis."""
 
+    direct_requests: bool = True
+    """With ``direct_replies``: a worker on the gateway's machine that waits idle takes its
+    next request from the gateway by the same socket (:mod:`naiad.reply_channel`, "direct
+    hand-off"; ``NAIAD_DIRECT_REQUESTS``); false: every request through Redis."""
+
     http_max_connections: int = Field(default=1024, ge=1)
     """Most HTTP connections open at once per port (``--http-max-connections``); one more is
     answered 503 and closed at once, so file descriptors last."""

@@ -180,7 +180,8 @@ class QueueReader:
         passed) or taken over by another worker (this one was frozen past the reclaim time)
         is not: it is neither run nor answered here.
 
-        With ``fresh_s`` (the worker passes :data:`FRESH_S`), requests claimed by a read
+        A request handed over directly (no entry: :mod:`naiad.reply_channel`) is always
+        this worker's. With ``fresh_s`` (the worker passes :data:`FRESH_S`), requests claimed by a read
         sent less than that many seconds ago are not asked about (no round trip when none
         is older): no reclaim takes an entry that young, and one withdrawn that soon counts
         as withdrawn once running (run anyway, its reply dropped). A worker frozen or slowed
@@ -188,7 +189,7 @@ class QueueReader:
         now = time.monotonic()
         by_stream: dict[str, list[bytes]] = {}
         for queued in requests:
-            if now - queued.claimed_at >= fresh_s:
+            if queued.entry_id and now - queued.claimed_at >= fresh_s:
                 by_stream.setdefault(self.stream_of(queued), []).append(queued.entry_id)
         if not by_stream:
             return list(requests)
@@ -201,17 +202,19 @@ class QueueReader:
             )  # fmt: skip
             ours |= {(stream, p["message_id"]) for p in pending}
         kept = [q for q in requests
-                if now - q.claimed_at < fresh_s or (self.stream_of(q), q.entry_id) in ours]
+                if not q.entry_id or now - q.claimed_at < fresh_s or (self.stream_of(q), q.entry_id) in ours]
         if len(kept) < len(requests):
             logger.info("skipped %d requests withdrawn or taken over by another worker",
                         len(requests) - len(kept))  # fmt: skip
         return kept
 
     def acknowledge(self, pipe: Pipeline, requests: Sequence[QueuedRequest]) -> None:
-        """Queue ``XACK`` + ``XDEL`` of the requests' entries on ``pipe``, per stream."""
+        """Queue ``XACK`` + ``XDEL`` of the requests' entries on ``pipe``, per stream (a
+        request handed over directly has none)."""
         by_stream: dict[str, list[bytes]] = {}
         for queued in requests:
-            by_stream.setdefault(self.stream_of(queued), []).append(queued.entry_id)
+            if queued.entry_id:
+                by_stream.setdefault(self.stream_of(queued), []).append(queued.entry_id)
         for stream, ids in by_stream.items():
             pipe.xack(stream, keys.WORKER_GROUP, *ids)
             pipe.xdel(stream, *ids)

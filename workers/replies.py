@@ -47,15 +47,17 @@ class ReplySender:
 
     def __init__(self, redis: Redis, model: str, queue: QueueReader, loader: VersionLoader):
         self.redis, self.model, self.queue, self.loader = redis, model, queue, loader
-        self.direct = ReplyConnections()  # to gateways on this machine (naiad.reply_channel)
+        # to gateways on this machine (naiad.reply_channel)
+        self.direct = ReplyConnections(worker_id=queue.consumer)
 
     async def send(
         self, pairs: Sequence[tuple[QueuedRequest, bytes]], runs: Sequence[stats.Execution] = (),
-        claim: Claim | None = None,
+        claim: Claim | None = None, offer: bool = False,
     ) -> tuple[list[QueuedRequest], float] | None:  # fmt: skip
         """Answer each ``(request, encoded reply)`` and record ``runs``; with ``claim``, what
         the claim sent last got and when it was sent (monotonic s), None without one or when it
-        failed (the next claim meets the failure).
+        failed (the next claim meets the failure). ``offer``: the worker will be idle after
+        this batch; a direct reply carries its offer (:mod:`naiad.reply_channel`).
 
         A Redis failure is retried with backoff until the batch's latest deadline: the
         gateway still waits on the same reply list, even on a restarted Redis. Past it, the
@@ -69,7 +71,7 @@ class ReplySender:
         backoff = REDIS_BACKOFF_S[0]
         while True:
             try:
-                return await self._send_once(pairs, runs, claim)
+                return await self._send_once(pairs, runs, claim, offer)
             except RedisError as exc:
                 if time.time() + backoff > give_up_at:
                     raise
@@ -80,7 +82,7 @@ class ReplySender:
 
     async def _send_once(
         self, pairs: Sequence[tuple[QueuedRequest, bytes]], runs: Sequence[stats.Execution],
-        claim: Claim | None,
+        claim: Claim | None, offer: bool = False,
     ) -> tuple[list[QueuedRequest], float] | None:  # fmt: skip
         batch = CommandBatch()  # one write, raw replies (naiad.redis_client.send_batch)
         self.add_downloads(batch)  # a version first asked for now, pulled lazily
@@ -92,7 +94,8 @@ class ReplySender:
         address = pairs[0][0].reply_address if len(by_list) == 1 and not batch.commands else None
         if address is not None:
             raw_stats = encode_executions(self.model, runs) if runs else b""
-            if await self.direct.send(address, b"".join(payload for _, payload in pairs), raw_stats):
+            replies = b"".join(payload for _, payload in pairs)
+            if await self.direct.send(address, replies, raw_stats, offer):
                 by_list, runs = {}, ()  # that gateway records the statistics
         for run in runs:
             stats.add_execution(batch, self.model, run)
@@ -101,6 +104,8 @@ class ReplySender:
             batch.expire(reply_to, keys.REPLY_TTL_S)
         self.queue.acknowledge(batch, [queued for queued, _ in pairs])
         sent = self.queue.read_on(batch, *claim) if claim is not None else 0.0
+        if not batch.commands:  # requests handed over directly, answered the same way
+            return None
         results = await send_batch(self.redis, batch)
         reply = results.pop() if claim is not None else None
         for result in results:

@@ -37,8 +37,8 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
 from naiad import logs, procs, queue_policy, stats, tasks
-from naiad.codec import QueuedRequest, Reply, encode_reply, entry_order
-from naiad.errors import DeadlineExceeded, NaiadError, QueueTimeout
+from naiad.codec import DATA, HEADER, QueuedRequest, Reply, decode_request, encode_reply, entry_order
+from naiad.errors import DeadlineExceeded, InvalidInput, NaiadError, QueueTimeout
 from naiad.ids import fresh_id
 from naiad.redis_client import connect
 from naiad.settings import Settings
@@ -91,6 +91,12 @@ class Worker:
         self.loader = VersionLoader(settings, model, prepared.store if prepared else None)
         self.executor = BatchExecutor(model, self.loader)
         self.replies = ReplySender(self.redis, model, self.queue, self.loader)
+        self.direct = self.replies.direct  # gateways on this machine (naiad.reply_channel)
+        self.direct.on_request, self.direct.on_withdraw = self._handed, self._withdrawn
+        self._handed_over: list[QueuedRequest] = []  # requests gateways handed over directly
+        self._arrival: asyncio.Future[None] | None = None  # set when one comes while waiting
+        #: A blocking claim still out: a request handed over directly came first (_collect).
+        self._claiming: asyncio.Future[tuple[list[QueuedRequest], float] | None] | None = None
         self.lifecycle = Lifecycle(settings, self.redis, model, self.worker_id, self.queue, self.loader,
                                    self.stopping)  # fmt: skip
         self._marks: dict[str, float] = {}  # cold-start phases: name -> epoch seconds at its end
@@ -113,6 +119,7 @@ class Worker:
         try:
             return await self._load_and_serve()
         finally:
+            self.direct.close()  # the gateways queue what they handed here unanswered
             await asyncio.to_thread(self.loader.close)  # backends' close(): Python models' finalize()
             await calls.close()
             await tasks.cancel_and_wait(beat)
@@ -152,17 +159,21 @@ class Worker:
         """Serve until idle, told to stop, or retired. A Redis failure (an outage, a restart)
         never ends the worker: it backs off and tries again; a group lost with a restarted
         Redis's memory (NOGROUP) is created again. On the way out it runs what it still holds
-        claimed (:meth:`_drain`)."""
-        assert self.policy is not None
+        claimed (:meth:`_drain`). On a Redis failure it closes its connections to gateways
+        (:meth:`_give_back_handed`), so no request waits here on a Redis that is down."""
+        assert self.policy is not None and self.loader.entry is not None
+        offer = (self.model, sorted(self.loader.entry.versions))
         idle_since, backoff = time.monotonic(), REDIS_BACKOFF_S[0]
+        self.direct.offer = offer
         while not self.stopping.is_set() and not self.lifecycle.retired():
             try:
                 turn = await self._turn(idle_since)
             except RedisError as exc:
+                self._give_back_handed()
                 await self._redis_failed(exc, backoff)
                 backoff = min(backoff * 2, REDIS_BACKOFF_S[1])
                 continue
-            backoff = REDIS_BACKOFF_S[0]
+            backoff, self.direct.offer = REDIS_BACKOFF_S[0], offer  # withdrawn by an idle exit that stayed
             if turn is None:
                 break
             idle_since = turn
@@ -172,7 +183,11 @@ class Worker:
         """Run every request still held, without batching delays; a Redis failure leaves the
         rest pending for another worker's reclaim."""
         assert self.batcher is not None
+        self.direct.withdraw_all()
         try:
+            if self._claiming is not None:
+                await self._collect(wait=False, finish=True)
+            self._take_handed()
             while len(self.batcher):
                 batch, rejected, _ = self._due(time.time(), flush=True)
                 await self._process(batch, rejected)
@@ -185,21 +200,111 @@ class Worker:
         exit."""
         assert self.batcher is not None
         remaining = self.scaling.idle_timeout_s - (time.monotonic() - idle_since)
-        if remaining <= 0 and not len(self.batcher):
-            late = await self.lifecycle.leave_if_idle(self.scaling)
-            if late is None:
-                return None
-            self.batcher.add(late)  # served by the next turns
-            return time.monotonic()  # kept (a late request, or the minimum)
+        self._take_handed()
+        if remaining <= 0 and not len(self.batcher) and self._claiming is None:
+            return await self._leave_if_idle()
         self.batcher.add(await self._reclaim())
         if self._claimed_at is not None:  # this turn's claim went out with the last replies
             self._claimed_at = None
-        else:
-            self.batcher.add(await self.queue.read(*self._claim(remaining)))
+        elif self._claiming is None:
+            count, block_ms = self._claim(remaining)
+            if block_ms is not None and self.direct.connected and self.direct.offer is not None:
+                self._claiming = asyncio.ensure_future(self._read(count, block_ms))
+            else:
+                self.batcher.add(await self.queue.read(count, block_ms))
+        if self._claiming is not None:
+            await self._collect(wait=not len(self.batcher))
         if not len(self.batcher):
             return None if self.lifecycle.superseded else idle_since  # retiring, and nothing is queued
         await self._process(*await self._next_batch(), claim_ahead=True)
         return self._claimed_at if self._claimed_at is not None else time.monotonic()
+
+    async def _leave_if_idle(self) -> float | None:
+        """Idle past the idle timeout: no more requests handed over directly, then leave
+        (None) unless a request raced the decision or ``min_workers`` keeps this worker
+        (:meth:`Lifecycle.leave_if_idle`): then the new start of its idle time."""
+        assert self.batcher is not None
+        self.direct.withdraw_all()  # offered again by the next turn when this worker stays
+        late = await self.lifecycle.leave_if_idle(self.scaling)
+        if late is None and self._handed_over:  # handed over before the gateway saw the withdrawal
+            await self.lifecycle.heartbeat()
+            late = []
+        if late is None:
+            return None
+        self.batcher.add(late)  # served by the next turns
+        return time.monotonic()  # kept (a late request, or the minimum)
+
+    def _handed(self, level: int, header: bytes, data: bytes) -> None:
+        """A request a gateway handed over directly (:mod:`naiad.reply_channel`): held until
+        the next turn takes it; a wait for work ends (:meth:`_collect`)."""
+        try:
+            queued = decode_request(self.model, {HEADER: header, DATA: data})
+        except InvalidInput:
+            logger.exception("dropping a malformed request handed over by a gateway")
+            return
+        queued.level, queued.claimed_at = level, time.monotonic()
+        self._handed_over.append(queued)
+        if self._arrival is not None and not self._arrival.done():
+            self._arrival.set_result(None)
+
+    def _withdrawn(self, queue_id: str) -> None:
+        """A gateway withdrew a request it handed over (its caller went away): dropped
+        unless it is running already."""
+        gone = [q for q in self._handed_over if q.queue_id == queue_id]
+        if self.batcher is not None:
+            gone += [q for q in self.batcher.requests() if not q.entry_id and q.queue_id == queue_id]
+            self.batcher.remove(gone)
+        self._handed_over = [q for q in self._handed_over if q.queue_id != queue_id]
+        if gone:
+            logger.info("skipped a request withdrawn by its gateway")
+
+    def _give_back_handed(self) -> None:
+        """Close the connections to gateways: each queues what it handed here and was not
+        answered through Redis itself (refused at once while Redis is down); none is run
+        here. A worker connects again with its next direct reply."""
+        self.direct.close()
+        self._handed_over = []
+        if self.batcher is not None:
+            self.batcher.remove([q for q in self.batcher.requests() if not q.entry_id])
+
+    def _take_handed(self) -> None:
+        if self._handed_over and self.batcher is not None:
+            self.batcher.add(self._handed_over)
+            self._handed_over = []
+
+    async def _read(self, count: int, block_ms: int | None) -> tuple[list[QueuedRequest], float]:
+        sent = time.monotonic()
+        return await self.queue.read(count, block_ms), sent
+
+    async def _collect(self, wait: bool, finish: bool = False) -> float | None:
+        """Take what the blocking claim still out (``_claiming``) got, when it is back, and
+        the requests handed over meanwhile; the claim's send time (monotonic s) when it came
+        back with this call, else None. ``wait``: first wait for the claim or a request
+        handed over, whichever comes first, with this worker's offer open at every gateway
+        it is connected to; ``finish``: wait for the claim alone. Raises the claim's error."""
+        assert self.batcher is not None and self._claiming is not None
+        claiming = self._claiming
+        if finish:
+            await asyncio.wait([claiming])
+        elif wait and not claiming.done() and not self._handed_over:
+            loop = asyncio.get_running_loop()
+            # after the steps already due: a reply being written carries the offer (one write)
+            loop.call_soon(self.direct.offer_all)
+            self._arrival = loop.create_future()
+            try:
+                await asyncio.wait([claiming, self._arrival], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                self._arrival.cancel()
+                self._arrival = None
+        self._take_handed()
+        if not claiming.done():
+            return None
+        self._claiming = None
+        claimed = claiming.result()
+        if claimed is None:
+            return None
+        self.batcher.add(claimed[0])
+        return claimed[1]
 
     def _claim(self, remaining_s: float) -> tuple[int, int | None]:
         """The next claim's ``(count, block_ms)``: what fits the batcher's window, blocking
@@ -252,6 +357,7 @@ class Worker:
         """
         assert self.batcher is not None
         while True:
+            self._take_handed()
             batch, rejected, wait_s = self._due(time.time())
             if batch or rejected or not len(self.batcher):
                 return batch, rejected
@@ -319,14 +425,21 @@ class Worker:
         ``claim_ahead`` and unless stopping, the next turn's claim (:meth:`_claim`, its idle
         time starting now) goes with them: what it claimed goes to the batcher, and the next
         turn does not claim again and counts its idle time from the claim (:meth:`_turn`)."""
-        claim = None
-        if claim_ahead and self.batcher is not None and self.batcher.room and not self.stopping.is_set():
+        claim, batcher = None, self.batcher
+        ahead = claim_ahead and self._claiming is None and not self.stopping.is_set()
+        if ahead and batcher is not None and batcher.room:
             claim = self._claim(self.scaling.idle_timeout_s)
-        claimed = await self.replies.send(pairs, runs, claim)
-        if claimed is not None and self.batcher is not None:
-            requests, sent = claimed
-            self.batcher.add(requests)
-            self._claimed_at = sent
+        idle = not (batcher is None or len(batcher) or self._handed_over or self.stopping.is_set())
+        sending = self.replies.send(pairs, runs, claim, offer=idle)
+        if claim is None or claim[1] is None or self.direct.offer is None:
+            claimed = await sending
+            if claimed is not None and batcher is not None:
+                batcher.add(claimed[0])
+                self._claimed_at = claimed[1]
+            return
+        # the claim blocks: a request handed over directly may come first (_collect)
+        self._claiming = asyncio.ensure_future(sending)
+        self._claimed_at = await self._collect(wait=True)
 
     async def _fail_backlog(self, error: NaiadError) -> None:
         """A model that cannot load answers what waits for it with the reason, then exits."""

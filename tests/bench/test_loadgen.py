@@ -151,8 +151,9 @@ def test_costs_of_naiad_count_its_processes_redis_and_batches(tmp_path: Path) ->
     assert {"server", "redis-server", "worker"} <= set(costs["cpu_us_per_request"])
     assert all(v >= 0 for v in costs["cpu_us_per_request"].values())
     redis = costs["redis"]
-    assert redis["reads_per_request"] >= 1 and redis["commands_per_request"] >= redis["reads_per_request"]
-    assert redis["calls_per_request"]["xadd"] == pytest.approx(1.0, abs=0.25)  # one entry a request
+    assert redis["commands_per_request"] > 0 and redis["commands_per_request"] >= redis["reads_per_request"]
+    # one entry a request, less those handed to the idle worker directly (naiad.reply_channel)
+    assert 0 < redis["calls_per_request"]["xadd"] <= 1.25
     batches = costs["batches"]
     rows = sum(int(size) * n for size, n in batches["by_size"].items())
     assert batches["executed"] >= 1 and rows == pytest.approx(point["requests"], rel=0.25)

@@ -43,9 +43,15 @@ def repository(tmp_path, example_repository, dynamic_batching: str, max_batch_si
     return root
 
 
-def serve(naiad_server, redis_url, repo):
+#: For tests of what the stream's claims do with a frozen worker: with direct hand-off
+#: (naiad.reply_channel) the idle worker's next request would reach it outside the stream
+#: (that path: tests/e2e/test_direct_hand_off.py).
+STREAM_ONLY = {"NAIAD_DIRECT_REQUESTS": "0"}
+
+
+def serve(naiad_server, redis_url, repo, extra_env=None):
     return naiad_server(repository=repo, redis_url=redis_url, idle_timeout_s=30,
-                        extra_args=["--max-workers", "1"])  # fmt: skip
+                        extra_args=["--max-workers", "1"], extra_env=extra_env)  # fmt: skip
 
 
 def grpc_inputs(x: np.ndarray) -> list[grpcclient.InferInput]:
@@ -174,7 +180,7 @@ def test_high_priority_overtakes_and_each_level_has_its_bound(
     bound = "priority_queue_policy { key: 2 value: { max_queue_size: 4 } }"
     levels = f"priority_levels: 2 default_priority_level: 2 {bound}"
     repo = repository(tmp_path, example_repository, levels, max_batch_size=1)
-    server = serve(naiad_server, redis_url, repo)
+    server = serve(naiad_server, redis_url, repo, STREAM_ONLY)
     x = digits_holdout[0]
     worker = freeze(server, x[:1])
     keep_live(r)
@@ -222,7 +228,7 @@ def test_queue_timeouts_reject_and_delay(
         "priority_queue_policy { key: 2 value: { timeout_action: REJECT "
         "default_timeout_microseconds: 2000000 allow_timeout_override: true } }"),
         max_batch_size=1)  # fmt: skip
-    server = serve(naiad_server, redis_url, repo)
+    server = serve(naiad_server, redis_url, repo, STREAM_ONLY)
     x = digits_holdout[0]
     worker = freeze(server, x[:1], priority=1)  # a cold start takes longer than level 2 allows
     calls, acks = Calls(server), Acks(redis_url)

@@ -31,8 +31,10 @@ def expected_labels(digits_onnx, x: np.ndarray) -> np.ndarray:
 
 def test_request_claimed_by_a_dead_worker_is_answered(redis_url, naiad_server, digits_holdout, digits_onnx):
     """Deterministic: freeze the worker while it blocks in XREADGROUP, so Redis hands it the
-    request, then kill it; a new worker must reclaim the request and answer it."""
-    server = naiad_server(redis_url=redis_url, idle_timeout_s=3)
+    request, then kill it; a new worker must reclaim the request and answer it. (Without
+    direct hand-off, which would give the idle worker the request outside the stream: that
+    path's kill is tests/e2e/test_direct_hand_off.py.)"""
+    server = naiad_server(redis_url=redis_url, idle_timeout_s=3, extra_env={"NAIAD_DIRECT_REQUESTS": "0"})
     x = digits_holdout[0][:3]
     httpclient.InferenceServerClient(server.url).infer("digits", digits_request(x))
     (worker,) = server.worker_processes("digits")

@@ -1,0 +1,183 @@
+"""Direct hand-off end to end (naiad.reply_channel): a real ``naiad serve`` whose idle worker
+takes the next request by the gateway's socket, not Redis; what happens to such a request
+when that worker dies, freezes, or its client goes away."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import redis
+import requests
+import tritonclient.http as httpclient
+from naiad_harness import ROOT, wait_for
+
+from naiad import keys
+
+STREAM = keys.request_stream("digits")
+#: What a worker logs when it drops a request its gateway withdrew (workers.worker).
+SKIPPED = "skipped a request withdrawn by its gateway"
+
+
+def http_inputs(x: np.ndarray) -> list[httpclient.InferInput]:
+    tensor = httpclient.InferInput("input", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(np.ascontiguousarray(x))
+    return [tensor]
+
+
+def executions(server) -> int:
+    body = requests.get(f"{server.http}/v2/models/digits/stats", timeout=5).json()
+    return body["model_stats"][0]["execution_count"]
+
+
+def failures(server, reason: str) -> float:
+    match = re.search(rf'^nv_inference_request_failure\{{[^}}]*reason="{reason}"[^}}]*\}} (\S+)$',
+                      server.metrics(), re.M)  # fmt: skip
+    return float(match.group(1)) if match else 0.0
+
+
+def xadds(r: redis.Redis) -> int:
+    """Entries added to any stream so far (the enqueue script's XADDs count)."""
+    return r.info("commandstats").get("cmdstat_xadd", {}).get("calls", 0)
+
+
+def labels(digits_onnx, x: np.ndarray) -> np.ndarray:
+    return digits_onnx.run(["label"], {"input": x})[0]
+
+
+class Caller:
+    """One inference on a thread of its own (the worker it goes to is frozen)."""
+
+    def __init__(self, server, x: np.ndarray):
+        self.answers: list = []
+        self.thread = threading.Thread(target=self._call, args=(server, x))
+        self.thread.start()
+
+    def _call(self, server, x: np.ndarray) -> None:
+        try:
+            client = httpclient.InferenceServerClient(server.url, network_timeout=60)  # gevent: per thread
+            self.answers.append(client.infer("digits", http_inputs(x)))
+        except Exception as exc:  # shown by the assertion
+            self.answers.append(exc)
+
+    def answer(self, timeout_s: float = 60):
+        self.thread.join(timeout_s)
+        assert not self.thread.is_alive(), "the request was lost"
+        (answer,) = self.answers
+        assert not isinstance(answer, Exception), answer
+        return answer
+
+
+def warm_and_freeze(server, x: np.ndarray):
+    """The first requests go through the stream (no offer yet; the first answer goes through
+    Redis with the new worker's pull and load records); a direct answer carries the worker's
+    offer. The worker is then frozen idle, so the next request is handed to it and stays
+    unread in its socket."""
+    client = httpclient.InferenceServerClient(server.url, network_timeout=60)
+    for _ in range(3):
+        client.infer("digits", http_inputs(x))
+    client.close()
+    (worker,) = server.worker_processes("digits")
+    time.sleep(0.3)
+    worker.send_signal(signal.SIGSTOP)
+    return worker
+
+
+def test_sequential_requests_skip_redis_and_are_answered_right(redis_url, naiad_server, digits_holdout,
+                                                               digits_onnx):  # fmt: skip
+    """One client, one request at a time: after the first, requests go to the idle worker by
+    the socket. Redis sees at most a few stream entries for 50 requests (each answer offers
+    the next), every answer is right, and the statistics count every execution."""
+    server = naiad_server(redis_url=redis_url, idle_timeout_s=30)
+    client = httpclient.InferenceServerClient(server.url, network_timeout=60)
+    r = redis.Redis.from_url(redis_url)
+    x = digits_holdout[0]
+    client.infer("digits", http_inputs(x[:1]))
+    added = xadds(r)
+    before = executions(server)
+    for i in range(50):
+        got = client.infer("digits", http_inputs(x[i : i + 2])).as_numpy("label")
+        np.testing.assert_array_equal(got, labels(digits_onnx, x[i : i + 2]))
+    assert xadds(r) - added <= 5
+    assert executions(server) - before == 50
+
+
+def test_a_request_handed_to_a_worker_that_is_killed_is_answered_by_another(
+    redis_url, naiad_server, digits_holdout, digits_onnx
+):
+    """The worker holding a handed request, unread, is killed: its connection closes, the
+    gateway queues the request in the stream, a new worker answers it."""
+    server = naiad_server(redis_url=redis_url, idle_timeout_s=30)
+    x = digits_holdout[0][:3]
+    worker = warm_and_freeze(server, x)
+    r = redis.Redis.from_url(redis_url)
+    caller = Caller(server, x)
+    time.sleep(1.5)  # the gateway has it, and it did not go through Redis
+    assert r.xlen(STREAM) == 0
+    worker.kill()
+    np.testing.assert_array_equal(caller.answer().as_numpy("label"), labels(digits_onnx, x))
+    assert "went away holding 1 requests handed to it" in server.log()
+
+
+def test_a_frozen_workers_handed_request_is_answered_once_by_another(
+    redis_url, naiad_server, digits_holdout, digits_onnx, example_repository, tmp_path
+):
+    """Worker A holds a handed request and freezes (its connection stays open): once its
+    heartbeat lapses the gateway withdraws the request from A and queues it in the stream,
+    where worker B answers it. A, resumed, skips the withdrawn request: the client has one
+    answer and the statistics one execution."""
+    env = {"NAIAD_HEARTBEAT_S": "0.5"}
+    server = naiad_server(redis_url=redis_url, idle_timeout_s=30, extra_env=env)
+    x = digits_holdout[0][:3]
+    a = warm_and_freeze(server, x)
+    before = executions(server)
+    caller = Caller(server, x)
+    b_log = tmp_path / "b.log"
+    with b_log.open("wb") as log:
+        b = subprocess.Popen(
+            [sys.executable, "-m", "naiad_cli", "worker", "--model", "digits", "--redis-url", redis_url,
+             "--model-repository", str(example_repository), "--idle-timeout", "30",
+             "--cache-dir", str(tmp_path / "b-cache")],
+            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env},
+        )  # fmt: skip
+    try:
+        answer = caller.answer(40)
+    finally:
+        a.send_signal(signal.SIGCONT)
+        b.terminate()  # drains and exits
+    assert b.wait(30) == 0, b_log.read_text()
+    np.testing.assert_array_equal(answer.as_numpy("label"), labels(digits_onnx, x))
+    assert "holds a request without a heartbeat: queueing it again" in server.log()
+    wait_for(lambda: SKIPPED in server.log(), 10, "the resumed worker's skip")
+    assert executions(server) - before == 1
+
+
+def test_a_handed_request_whose_client_goes_away_is_not_run(redis_url, naiad_server, digits_holdout):
+    """The client of a request handed to the (frozen) worker disconnects: the gateway
+    withdraws it, and the worker, resumed, skips it; the next request is executed alone."""
+    server = naiad_server(redis_url=redis_url, idle_timeout_s=30)
+    x = digits_holdout[0][:2]
+    frozen = warm_and_freeze(server, x)
+    before = executions(server)
+    try:
+        body = {"inputs": [{"name": "input", "shape": [2, 64], "datatype": "FP32",
+                            "data": x.ravel().tolist()}]}  # fmt: skip
+        try:
+            requests.post(f"{server.http}/v2/models/digits/infer", json=body, timeout=1.0)
+            raise AssertionError("answered by a frozen worker")
+        except requests.Timeout:
+            pass
+        # counted once the gateway saw the client go, after it wrote the withdrawal
+        wait_for(lambda: failures(server, "CANCELED") == 1, 10, "the request withdrawn")
+    finally:
+        frozen.send_signal(signal.SIGCONT)
+    wait_for(lambda: SKIPPED in server.log(), 10, "the resumed worker's skip")
+    client = httpclient.InferenceServerClient(server.url, network_timeout=60)
+    client.infer("digits", http_inputs(x))
+    assert executions(server) - before == 1

@@ -1,0 +1,223 @@
+"""Direct hand-off (naiad.reply_channel): a gateway's request goes to an idle worker on its
+machine by the reply socket instead of Redis, and back to Redis whenever that worker cannot
+answer it. Real parts: a private redis-server, the gateway's QueueDispatcher and ReplyServer,
+the worker's QueueReader, ReplySender and ReplyConnections, the codec; the "worker" is this
+test answering what it is handed with known outputs."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from naiad import keys, reply_channel
+from naiad.codec import DATA, HEADER, Reply, decode_request, encode_reply
+from naiad.errors import DeadlineExceeded
+from naiad.inference import InferRequest, RequestedOutput, Tensor
+from naiad.queue_client import QueueDispatcher
+from naiad.redis_client import connect
+from naiad.reply_channel import FRAME, OFFER, ReplyServer
+from workers.queue_reader import QueueReader
+from workers.replies import ReplySender
+
+MODEL = "handoff"
+
+
+class _Loader:
+    """What ReplySender asks a loader for: nothing pulled or loaded since the last batch."""
+
+    def take_pulls(self):
+        return []
+
+    def take_loads(self):
+        return []
+
+
+def request(value: float, version: int = 1) -> InferRequest:
+    data = np.full((1, 4), value, np.float32)
+    return InferRequest(MODEL, version, [Tensor("x", "FP32", [1, 4], data)], outputs=[RequestedOutput("y")])
+
+
+def answer(queued) -> bytes:
+    """The 'model': y = 2 x, as a worker encodes its reply."""
+    (x,) = queued.request.inputs
+    return encode_reply(Reply(queued.queue_id, [Tensor("y", "FP32", list(x.shape), x.data * 2)]))
+
+
+class Gateway:
+    """A gateway's queue client with its reply socket handing requests off."""
+
+    def __init__(self, redis_url: str):
+        self.redis = connect(redis_url)
+        self.dispatcher = QueueDispatcher(self.redis, connect(redis_url, longest_block_s=6))
+        self.server = ReplyServer(self.dispatcher.deliver, self.dispatcher.record_execution,
+                                  self.dispatcher.orphaned)  # fmt: skip
+
+    async def __aenter__(self) -> Gateway:
+        await self.server.start()
+        self.dispatcher.reply_address = self.server.address
+        self.dispatcher.direct = self.server
+        await self.dispatcher.start()
+        await self.redis.delete(keys.request_stream(MODEL), keys.workers(MODEL))
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.dispatcher.stop()
+        await self.server.close()
+        await self.dispatcher.reader.aclose()
+        await self.redis.aclose()
+
+
+class Worker:
+    """A worker's queue reader and reply sender; what is handed to it lands in ``handed``."""
+
+    def __init__(self, redis, worker_id: str = "w1", versions=(1,)):
+        self.reader = QueueReader(redis, MODEL, worker_id)
+        self.sender = ReplySender(redis, MODEL, self.reader, _Loader())
+        self.handed: asyncio.Queue = asyncio.Queue()
+        self.sender.direct.on_request = lambda level, h, d: self.handed.put_nowait(
+            decode_request(MODEL, {HEADER: h, DATA: d}))
+        self.sender.direct.offer = (MODEL, list(versions))
+
+    async def serve_from_redis(self, offer: bool = True) -> None:
+        """Claim one request from the stream and answer it (the reply offers the next)."""
+        (queued,) = await self.reader.read(1, 5000)
+        await self.sender.send([(queued, answer(queued))], offer=offer)
+
+    async def serve_handed(self, offer: bool = True):
+        queued = await asyncio.wait_for(self.handed.get(), 5)
+        await self.sender.send([(queued, answer(queued))], offer=offer)
+        return queued
+
+
+async def until(condition, what: str, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.005)
+
+
+def outputs(response) -> list[float]:
+    return response.outputs[0].data.ravel().tolist()
+
+
+def test_an_idle_worker_is_handed_the_next_request_and_redis_carries_none_of_it(redis_url):
+    """The first request goes through the stream (no worker has offered); its reply carries
+    the worker's offer, so the next request goes down the socket: the stream stays empty and
+    the answer is the worker's. The offer is one request: the third goes through Redis
+    again when the second's reply carried no new offer."""
+
+    async def scenario():
+        async with Gateway(redis_url) as gw:
+            worker = Worker(gw.redis)
+            await worker.reader.ensure_groups()
+            stream = keys.request_stream(MODEL)
+            first = asyncio.create_task(gw.dispatcher.infer(request(1.0), 5))
+            await worker.serve_from_redis()
+            assert outputs(await first) == [2.0] * 4
+            await until(lambda: gw.server._offers.get(MODEL), "the offer")
+            second = asyncio.create_task(gw.dispatcher.infer(request(3.0), 5))
+            handed = await worker.serve_handed(offer=False)
+            assert outputs(await second) == [6.0] * 4 and handed.entry_id == b""
+            assert await gw.redis.xlen(stream) == 0
+            third = asyncio.create_task(gw.dispatcher.infer(request(4.0), 5))
+            await until(lambda: gw.server._offers.get(MODEL) == [], "no offer", 1)
+            await worker.serve_from_redis(offer=False)
+            assert outputs(await third) == [8.0] * 4
+            worker.sender.direct.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_handed_request_goes_through_redis_when_its_worker_goes_away_or_its_heartbeat_lapses(redis_url):
+    """The worker's connection closes with a handed request unanswered (it exited or was
+    killed): the gateway queues that request in the stream, where another worker answers
+    it. A worker that keeps its connection open but whose heartbeat lapsed (frozen, hung)
+    loses a handed request the same way after the liveness period; one with a current
+    heartbeat keeps it."""
+
+    async def scenario():
+        async with Gateway(redis_url) as gw:
+            gw.dispatcher.liveness_s = 0.2
+            stream = keys.request_stream(MODEL)
+            dying = Worker(gw.redis, "dying")
+            await dying.reader.ensure_groups()
+            first = asyncio.create_task(gw.dispatcher.infer(request(1.0), 10))
+            await dying.serve_from_redis()
+            await first
+            await until(lambda: gw.server._offers.get(MODEL), "the offer")
+            live = time.time() + 60
+            await gw.redis.zadd(keys.workers(MODEL), {"dying": live})
+            lost = asyncio.create_task(gw.dispatcher.infer(request(5.0), 10))
+            await asyncio.wait_for(dying.handed.get(), 5)  # handed, never answered
+            await asyncio.sleep(0.5)  # past the liveness period: its heartbeat is current
+            assert await gw.redis.xlen(stream) == 0 and not lost.done()
+            dying.sender.direct.close()  # the worker is gone
+            other = Worker(gw.redis, "other")
+            await other.serve_from_redis()
+            assert outputs(await lost) == [10.0] * 4
+
+            await until(lambda: gw.server._offers.get(MODEL), "the other's offer")
+            frozen = asyncio.create_task(gw.dispatcher.infer(request(6.0), 10))
+            await asyncio.wait_for(other.handed.get(), 5)  # "other" has no heartbeat entry
+            await other.serve_from_redis(offer=False)  # queued again after ~0.2 s, answered
+            assert outputs(await frozen) == [12.0] * 4
+            other.sender.direct.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_offer_covers_its_versions_and_a_timeout_still_applies(redis_url):
+    """A request for a version the worker did not offer goes through Redis; a handed request
+    the worker never answers fails with the request's own timeout."""
+
+    async def scenario():
+        async with Gateway(redis_url) as gw:
+            worker = Worker(gw.redis, versions=(1,))
+            await worker.reader.ensure_groups()
+            await gw.redis.zadd(keys.workers(MODEL), {"w1": time.time() + 60})
+            first = asyncio.create_task(gw.dispatcher.infer(request(1.0), 5))
+            await worker.serve_from_redis()
+            await first
+            await until(lambda: gw.server._offers.get(MODEL), "the offer")
+            v2 = asyncio.create_task(gw.dispatcher.infer(request(2.0, version=2), 5))
+            (queued,) = await worker.reader.read(1, 5000)
+            assert queued.request.version == 2 and worker.handed.empty()
+            await worker.sender.send([(queued, answer(queued))])
+            assert outputs(await v2) == [4.0] * 4
+            with pytest.raises(DeadlineExceeded):
+                await gw.dispatcher.infer(request(3.0), 0.3)
+            assert not worker.handed.empty()  # it was handed, and not answered in time
+            worker.sender.direct.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_malformed_or_foreign_offer_closes_the_connection(redis_url):
+    """After its token, a peer that sends an offer that is not [model, versions, count,
+    worker] (or offers more than MAX_OFFER, or another model than it offered before) is
+    disconnected and holds no offer."""
+
+    async def scenario():
+        server = ReplyServer(lambda replies: None, lambda model, run: None, lambda queue_id: None)
+        await server.start()
+        token = server.token.encode()
+        closed = []
+        for offers in ([["m", [1], 1]], [["m", [1], reply_channel.MAX_OFFER + 1, "w"]],
+                       [["m", [1], 1, "w"], ["n", [1], 1, "w"]], [["m", ["1"], 1, "w"]]):  # fmt: skip
+            reader, writer = await asyncio.open_unix_connection(server.path)
+            frames = FRAME.pack(0, len(token)) + token
+            for offer in offers:
+                raw = reply_channel.msgpack.packb(offer)
+                frames += FRAME.pack(OFFER, len(raw)) + raw
+            writer.write(frames)
+            closed.append(await asyncio.wait_for(reader.read(), 2))
+            writer.close()
+        held = server.take("m", 1)
+        await server.close()
+        return closed, held
+
+    closed, held = asyncio.run(scenario())
+    assert closed == [b""] * 4 and held is None
