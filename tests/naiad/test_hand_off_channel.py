@@ -221,3 +221,35 @@ def test_a_malformed_or_foreign_offer_closes_the_connection(redis_url):
 
     closed, held = asyncio.run(scenario())
     assert closed == [b""] * 4 and held is None
+
+
+def test_no_hand_off_while_this_gateway_has_requests_of_the_model_in_its_stream(redis_url):
+    """With an offer open, a request still goes through the stream while another request of
+    the same model from this gateway waits there unanswered (a handed one would overtake it,
+    and split the batches a busy worker forms); once that one is answered, the next is handed."""
+
+    async def scenario():
+        async with Gateway(redis_url) as gw:
+            worker = Worker(gw.redis)
+            await worker.reader.ensure_groups()
+            stream = keys.request_stream(MODEL)
+            first = asyncio.create_task(gw.dispatcher.infer(request(1.0), 5))
+            await worker.serve_from_redis(offer=False)  # answered directly, no offer
+            await first
+            waiting = asyncio.create_task(gw.dispatcher.infer(request(2.0), 5))
+            await until(lambda: gw.dispatcher._in_queue.get(MODEL), "the first queued")
+            worker.sender.direct.offer_all()
+            await until(lambda: gw.server._offers.get(MODEL), "the offer")
+            behind = asyncio.create_task(gw.dispatcher.infer(request(3.0), 5))
+            await until(lambda: gw.dispatcher._in_queue.get(MODEL) == 2, "the second queued")
+            assert worker.handed.empty() and gw.server._offers.get(MODEL)  # the offer still open
+            for _ in range(2):
+                await worker.serve_from_redis(offer=False)
+            assert [outputs(await t)[0] for t in (waiting, behind)] == [4.0, 6.0]
+            assert await gw.redis.xlen(stream) == 0
+            after = asyncio.create_task(gw.dispatcher.infer(request(4.0), 5))
+            await worker.serve_handed(offer=False)
+            assert outputs(await after) == [8.0] * 4
+            worker.sender.direct.close()
+
+    asyncio.run(scenario())
