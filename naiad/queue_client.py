@@ -11,6 +11,12 @@ hands to the waiting future by queue id (no polling). When the model has no live
 scaler is woken through :data:`naiad.keys.SCALER_WAKE`; the request waits in the stream
 meanwhile, bounded by its deadline.
 
+Direct hand-off (the gateway's client, :attr:`QueueDispatcher.direct`): when an idle worker
+on this machine has offered to take a request of the model and version, and none of this
+client's requests of that model waits in the stream, the request goes to that worker by
+its socket instead (:mod:`naiad.reply_channel`), and back to the stream if the worker goes
+away or its heartbeat lapses before it answers (:meth:`QueueDispatcher._hand`).
+
 Backpressure: the XADD is a script that first counts the requests waiting in the stream
 against the model's maximum queue size, atomically, so a full queue answers
 :class:`Overloaded` at once and never grows past its bound (per level). As Triton's
@@ -197,7 +203,9 @@ class QueueDispatcher:
         :class:`Overloaded` when the queue is full, :class:`QueueTimeout` when it waited
         unclaimed past a REJECT queue timeout, :class:`DeadlineExceeded` on timeout,
         :class:`Unavailable` when Redis cannot be reached, or the error the worker sent back.
-        A timed-out or cancelled request withdraws its entry (see the module doc).
+        A timed-out or cancelled request withdraws its entry (see the module doc). A request
+        handed to an idle worker (module doc) that went away unanswered is queued with the
+        time left of ``timeout_s``.
         """
         placement = placement or Placement(0, keys.request_stream(request.model), max_queue, 0.0, True, False)
         queue_id = fresh_id()
@@ -208,7 +216,12 @@ class QueueDispatcher:
         if link is not None:  # a worker on this machine waits idle for it
             started = asyncio.get_running_loop().time()
             reply = await self._hand(link, queue_id, request, timeout_s, placement)
-            timeout_s -= asyncio.get_running_loop().time() - started
+            if reply is None:  # that worker went away: the stream, with the time left
+                left_s = timeout_s - (asyncio.get_running_loop().time() - started)
+                try:
+                    reply = await self._queued(queue_id, request, left_s, placement)
+                except DeadlineExceeded:
+                    raise _timed_out(request, timeout_s) from None
         if reply is None:
             reply = await self._queued(queue_id, request, timeout_s, placement)
         if reply.error is not None:

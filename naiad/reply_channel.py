@@ -23,7 +23,7 @@ hand-off): a worker about to wait for work *offers* each gateway it is connected
 request of its model for the versions it loaded (an offer frame; the next reply frame
 carries it when the worker will be idle after that batch). A gateway with an offer for a
 request's model and version sends the request down that connection instead of through Redis
-(:meth:`ReplyServer.take`, :meth:`Link.hand`): two hops a request, as Triton's server to its
+(:meth:`ReplyServer.take`, :meth:`WorkerLink.hand`): two hops a request, as Triton's server to its
 stub, instead of four process wake-ups through Redis. The gateway holds the request until
 its answer comes: when the connection closes first (the worker exited or died) it queues
 the request through Redis as any other (:meth:`naiad.queue_client.QueueDispatcher.infer`),
