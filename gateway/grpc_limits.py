@@ -129,3 +129,5 @@ async def _receive(requests: AsyncIterator[bytes], limits: GrpcLimits, reservati
     finally:
         if not read.done():
             read.cancel()
+        elif not read.cancelled():
+            read.exception()  # retrieved: a call cancelled as its stream ended logs no "never retrieved"

@@ -570,8 +570,8 @@ class QueueDispatcher:
         reply channel; a reply whose caller is gone or already answered is dropped."""
         try:
             replies = decode_replies(payload)
-        except InvalidInput:
-            logger.exception("dropping a malformed reply")
+        except InvalidInput as exc:
+            logger.warning("dropping a malformed reply: %s", exc.message)
             return
         for reply in replies:
             future = self._pending.get(reply.queue_id)

@@ -116,10 +116,22 @@ def _str(value: object) -> str:
     return value
 
 
+#: Largest count or duration (ns, ms) a frame's statistics may carry: ~3 days in ns; Redis's
+#: counters are 64-bit, and a sum of such values stays far below that.
+MAX_STAT = 1 << 48
+
+
 def _int(value: object) -> int:
     if type(value) is not int:
         raise TypeError(f"expected an integer, got {type(value).__name__}")
     return value
+
+
+def _count(value: object) -> int:
+    """A non-negative integer of at most :data:`MAX_STAT` (a row count, ns, ms)."""
+    if not 0 <= _int(value) <= MAX_STAT:
+        raise ValueError(f"{value} is out of range 0..{MAX_STAT}")
+    return value  # type: ignore[return-value]
 
 
 def _execution(
@@ -129,8 +141,9 @@ def _execution(
         raise TypeError("expected a list of queue times and a map of phases")
     if not set(phases_ns) <= set(stats.PHASES):
         raise ValueError(f"unknown phases {sorted(set(phases_ns) - set(stats.PHASES))}")
-    phases = {_str(name): _int(ns) for name, ns in phases_ns.items()}
-    return stats.Execution(_int(version), _int(rows), [_int(ns) for ns in queue_ns], phases, _int(finished))
+    phases = {_str(name): _count(ns) for name, ns in phases_ns.items()}
+    queued = [_count(ns) for ns in queue_ns]
+    return stats.Execution(_count(version), _count(rows), queued, phases, _count(finished))
 
 
 def remove_stale_folders(directory: str | None = None) -> None:
@@ -358,7 +371,8 @@ class WorkerLink(asyncio.Protocol):
             else:
                 for run in runs:
                     self.server.record(model, run)
-        self.server.deliver(replies)
+        if replies:
+            self.server.deliver(replies)
 
 
 class GatewayLink(asyncio.Protocol):

@@ -261,7 +261,8 @@ def test_the_reply_socket_bounds_what_an_untrusted_or_broken_peer_can_make_it_ho
     assert results == [b"", b""] and not left
     assert delivered == [b"abc"] and recorded == []
     for malformed in ([1, 1, [10], {"compute_infer": float("inf")}, 5], [1, 1, [10], {"nope": 1}, 5],
-                      [1, 1, "x", {}, 5]):  # fmt: skip
+                      [1, 1, "x", {}, 5], [1, -1000000, [], {}, 0],  # a negative count
+                      [1, 2**63 - 1, [2**63 - 1], {}, 2**63 - 1]):  # past Redis's 64-bit sums  # fmt: skip
         with pytest.raises(ValueError):
             reply_channel.decode_executions(reply_channel.msgpack.packb(["digits", [malformed]]))
 
