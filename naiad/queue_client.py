@@ -12,8 +12,8 @@ scaler is woken through :data:`naiad.keys.SCALER_WAKE`; the request waits in the
 meanwhile, bounded by its deadline.
 
 Direct hand-off (the gateway's client, :attr:`QueueDispatcher.direct`): when an idle worker
-on this machine has offered to take a request of the model and version, and none of this
-client's requests of that model waits in the stream, the request goes to that worker by
+on this machine has offered to take a request of the model and version, and the request is
+this client's only one of that model in flight (and has been for :data:`ALONE_S`), it goes to that worker by
 its socket instead (:mod:`naiad.reply_channel`), and back to the stream if the worker goes
 away or its heartbeat lapses before it answers (:meth:`QueueDispatcher._hand`).
 
@@ -107,6 +107,10 @@ if type(pending) == 'table' and pending.err == nil and #pending > 0 then
 end
 return redis.call('XDEL', KEYS[1], ARGV[2])
 """
+#: Seconds after a moment with two of a model's requests in flight at once before this
+#: client hands that model's requests to idle workers again (naiad.reply_channel): longer
+#: than the gaps between a closed-loop client's answer and its next request under load.
+ALONE_S = 0.01
 #: Seconds a withdrawal (XACK + XDEL of a cancelled request's entry) may take.
 WITHDRAW_TIMEOUT_S = 2.0
 
@@ -166,10 +170,10 @@ class QueueDispatcher:
         self.direct: ReplyServer | None = None
         #: Seconds after which an unanswered handed request's worker is checked (heartbeat period).
         self.liveness_s = 2.0
-        #: Model -> this client's requests queued through Redis and not answered yet: while
-        #: one is, no request of that model is handed off (it would overtake them, and split
-        #: the batches a busy worker forms from its stream).
-        self._in_queue: dict[str, int] = {}
+        #: Model -> this client's requests in flight, and the loop time from which, one at a
+        #: time, they may be handed off (_alone).
+        self._in_flight: dict[str, int] = {}
+        self._alone_from: dict[str, float] = {}
         self._checks: set[asyncio.Task[None]] = set()
         #: Takes the statistics that come with replies (StatsWriter.add): see record_execution.
         self.stats_sink: Callable[[Callable[[Any], None]], object] | None = None
@@ -208,9 +212,17 @@ class QueueDispatcher:
         time left of ``timeout_s``.
         """
         placement = placement or Placement(0, keys.request_stream(request.model), max_queue, 0.0, True, False)
+        model = request.model
+        self._in_flight[model] = self._in_flight.get(model, 0) + 1
+        try:
+            return await self._infer(request, timeout_s, placement)
+        finally:
+            self._in_flight[model] -= 1
+
+    async def _infer(self, request: InferRequest, timeout_s: float, placement: Placement) -> InferResponse:
         queue_id = fresh_id()
         link = None
-        if self.direct is not None and not placement.ordered and not self._in_queue.get(request.model):
+        if self.direct is not None and not placement.ordered and self._alone(request.model):
             link = self.direct.take(request.model, request.version)
         reply = None
         if link is not None:  # a worker on this machine waits idle for it
@@ -227,6 +239,17 @@ class QueueDispatcher:
         if reply.error is not None:
             raise reply.error
         return InferResponse(request.model, request.version, reply.outputs, request.id)
+
+    def _alone(self, model: str) -> bool:
+        """This request is this client's only one of ``model`` in flight, and has been for
+        :data:`ALONE_S`: one request at a time, which a handed request serves best. Under
+        concurrent load the stream is the way: a handed request would run as a batch of its
+        own beside the stream's, and could overtake this client's queued ones."""
+        now = asyncio.get_running_loop().time()
+        if self._in_flight[model] > 1:
+            self._alone_from[model] = now + ALONE_S
+            return False
+        return now >= self._alone_from.get(model, 0.0)
 
     async def _hand(
         self, link: WorkerLink, queue_id: str, request: InferRequest, timeout_s: float, placement: Placement
@@ -302,7 +325,6 @@ class QueueDispatcher:
         self._pending[queue_id] = future
         slot = self._order.open(placement.stream) if placement.ordered else None
         entry_id: bytes | None = None
-        self._in_queue[request.model] = self._in_queue.get(request.model, 0) + 1
         try:
             if timeout_s <= 0:
                 raise TimeoutError
@@ -322,7 +344,6 @@ class QueueDispatcher:
             raise
         finally:
             self._pending.pop(queue_id, None)
-            self._in_queue[request.model] -= 1
             if slot is not None:
                 self._order.close(placement.stream, slot)
         return reply

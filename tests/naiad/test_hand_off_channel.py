@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from naiad import keys, reply_channel
+from naiad import keys, queue_client, reply_channel
 from naiad.codec import DATA, HEADER, Reply, decode_request, encode_reply
 from naiad.errors import DeadlineExceeded
 from naiad.inference import InferRequest, RequestedOutput, Tensor
@@ -223,10 +223,12 @@ def test_a_malformed_or_foreign_offer_closes_the_connection(redis_url):
     assert closed == [b""] * 4 and held is None
 
 
-def test_no_hand_off_while_this_gateway_has_requests_of_the_model_in_its_stream(redis_url):
+def test_no_hand_off_while_this_gateway_has_other_requests_of_the_model_in_flight(redis_url, monkeypatch):
     """With an offer open, a request still goes through the stream while another request of
-    the same model from this gateway waits there unanswered (a handed one would overtake it,
-    and split the batches a busy worker forms); once that one is answered, the next is handed."""
+    the same model from this gateway is in flight (a handed one would overtake it, and run
+    as a batch of its own beside the stream's), and for ALONE_S after; once this gateway's
+    requests come one at a time again, the next is handed."""
+    monkeypatch.setattr(queue_client, "ALONE_S", 0.5)
 
     async def scenario():
         async with Gateway(redis_url) as gw:
@@ -237,16 +239,20 @@ def test_no_hand_off_while_this_gateway_has_requests_of_the_model_in_its_stream(
             await worker.serve_from_redis(offer=False)  # answered directly, no offer
             await first
             waiting = asyncio.create_task(gw.dispatcher.infer(request(2.0), 5))
-            await until(lambda: gw.dispatcher._in_queue.get(MODEL), "the first queued")
+            await until(lambda: gw.dispatcher._in_flight.get(MODEL), "the first queued")
             worker.sender.direct.offer_all()
             await until(lambda: gw.server._offers.get(MODEL), "the offer")
             behind = asyncio.create_task(gw.dispatcher.infer(request(3.0), 5))
-            await until(lambda: gw.dispatcher._in_queue.get(MODEL) == 2, "the second queued")
+            await until(lambda: gw.dispatcher._in_flight.get(MODEL) == 2, "the second queued")
             assert worker.handed.empty() and gw.server._offers.get(MODEL)  # the offer still open
             for _ in range(2):
                 await worker.serve_from_redis(offer=False)
             assert [outputs(await t)[0] for t in (waiting, behind)] == [4.0, 6.0]
+            soon = asyncio.create_task(gw.dispatcher.infer(request(5.0), 5))  # alone, within ALONE_S
+            await worker.serve_from_redis(offer=False)
+            assert outputs(await soon)[0] == 10.0 and worker.handed.empty()
             assert await gw.redis.xlen(stream) == 0
+            await asyncio.sleep(0.55)
             after = asyncio.create_task(gw.dispatcher.infer(request(4.0), 5))
             await worker.serve_handed(offer=False)
             assert outputs(await after) == [8.0] * 4
