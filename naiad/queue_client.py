@@ -13,9 +13,10 @@ meanwhile, bounded by its deadline.
 
 Direct hand-off (the gateway's client, :attr:`QueueDispatcher.direct`): when an idle worker
 on this machine has offered to take a request of the model and version, and the request is
-this client's only one of that model in flight (and has been for :data:`ALONE_S`), it goes to that worker by
-its socket instead (:mod:`naiad.reply_channel`), and back to the stream if the worker goes
-away or its heartbeat lapses before it answers (:meth:`QueueDispatcher._hand`).
+this client's only one of that model in flight (as it has been for :data:`ALONE_S`), it
+goes to that worker by its socket instead (:mod:`naiad.reply_channel`), and back to the
+stream if the worker goes away or its heartbeat lapses before it answers
+(:meth:`QueueDispatcher._hand`).
 
 Backpressure: the XADD is a script that first counts the requests waiting in the stream
 against the model's maximum queue size, atomically, so a full queue answers
