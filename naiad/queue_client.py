@@ -108,9 +108,10 @@ if type(pending) == 'table' and pending.err == nil and #pending > 0 then
 end
 return redis.call('XDEL', KEYS[1], ARGV[2])
 """
-#: Seconds after a moment with two of a model's requests in flight at once before this
-#: client hands that model's requests to idle workers again (naiad.reply_channel): longer
-#: than the gaps between a closed-loop client's answer and its next request under load.
+#: Seconds after a request of a model arrived or was answered with another of the model in
+#: flight before this client hands that model's requests to idle workers again
+#: (naiad.reply_channel): longer than the gap between a batch's answers and the next
+#: requests of closed-loop clients under load.
 ALONE_S = 0.01
 #: Seconds a withdrawal (XACK + XDEL of a cancelled request's entry) may take.
 WITHDRAW_TIMEOUT_S = 2.0
@@ -218,6 +219,8 @@ class QueueDispatcher:
         try:
             return await self._infer(request, timeout_s, placement)
         finally:
+            if self._in_flight[model] > 1:  # answered beside others: the load is concurrent
+                self._alone_from[model] = asyncio.get_running_loop().time() + ALONE_S
             self._in_flight[model] -= 1
 
     async def _infer(self, request: InferRequest, timeout_s: float, placement: Placement) -> InferResponse:
@@ -242,8 +245,9 @@ class QueueDispatcher:
         return InferResponse(request.model, request.version, reply.outputs, request.id)
 
     def _alone(self, model: str) -> bool:
-        """This request is this client's only one of ``model`` in flight, and has been for
-        :data:`ALONE_S`: one request at a time, which a handed request serves best. Under
+        """This request is this client's only one of ``model`` in flight, and no two were
+        in flight at once (arriving or answered) within :data:`ALONE_S`: one request at a
+        time, which a handed request serves best. Under
         concurrent load the stream is the way: a handed request would run as a batch of its
         own beside the stream's, and could overtake this client's queued ones."""
         now = asyncio.get_running_loop().time()
