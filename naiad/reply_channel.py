@@ -22,19 +22,21 @@ The same connection also carries requests the other way, to a worker that is idl
 hand-off): a worker about to wait for work *offers* each gateway it is connected to one
 request of its model for the versions it loaded (an offer frame; the next reply frame
 carries it when the worker will be idle after that batch). A gateway with an offer for a
-request's model and version sends the request down that connection instead of through Redis
-(:meth:`ReplyServer.take`, :meth:`WorkerLink.hand`): two hops a request, as Triton's server to its
-stub, instead of four process wake-ups through Redis. The gateway holds the request until
-its answer comes: when the connection closes first (the worker exited or died) it queues
-the request through Redis as any other (:meth:`naiad.queue_client.QueueDispatcher.infer`),
-so no request is lost to this path; one answered twice keeps its first answer.
+request's model and version (and that request its only one of the model in flight:
+:meth:`naiad.queue_client.QueueDispatcher.infer`) sends the request down that connection
+instead of through Redis (:meth:`ReplyServer.take`, :meth:`WorkerLink.hand`): two hops a
+request, as Triton's server to its stub, instead of four process wake-ups through Redis.
+The gateway holds the request until its answer comes: when the connection closes first (the
+worker exited or died) it queues the request through Redis as any other
+(:meth:`naiad.queue_client.QueueDispatcher.infer`), so no request is lost to this path; one
+answered twice keeps its first answer.
 
 Frames, worker to gateway: ``>II`` header (statistics length, replies length), the
 statistics (msgpack, or empty), the replies (encoded replies concatenated, as one element
 of the reply list: :func:`naiad.codec.decode_replies`); or, with :data:`OFFER` as the
 statistics length, an offer: msgpack ``[model, [version, ...], requests, worker id]``
-(``requests`` 0 withdraws it). A connection's first frame is exactly the server's token as its replies,
-within :data:`TOKEN_TIMEOUT_S`; otherwise, or for a frame over :data:`MAX_FRAME_BYTES`, or
+(``requests`` 0 withdraws it). A connection's first frame is exactly the server's token as
+its replies, within :data:`TOKEN_TIMEOUT_S`; otherwise, or for a frame over :data:`MAX_FRAME_BYTES`, or
 a malformed offer, or past :data:`MAX_CONNECTIONS`, the gateway closes the connection
 (docs/reliability.md, "The direct reply channel"). Gateway to worker: ``>III`` header
 (priority level, entry header length, entry data length), then the two fields of the
