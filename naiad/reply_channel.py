@@ -187,9 +187,9 @@ class ReplyServer:
         self, deliver: Callable[[bytes], None], record: Callable[[str, stats.Execution], None],
         orphaned: Callable[[str], None] | None = None,
     ) -> None:  # fmt: skip
+        #: ``orphaned(queue_id)`` takes back a request handed to a worker that went away; without
+        #: it, workers' offers are ignored and no request goes this way (direct hand-off off).
         self.deliver, self.record, self.orphaned = deliver, record, orphaned
-        #: Takes workers' offers (direct hand-off); False: offers are ignored, no request goes this way.
-        self.hand_off = orphaned is not None
         self.token = secrets.token_hex(16)
         self._dir = tempfile.mkdtemp(prefix=FOLDER_PREFIX)  # mode 0700
         self.path = os.path.join(self._dir, SOCKET_NAME)
@@ -230,7 +230,7 @@ class ReplyServer:
     def _offer(self, link: WorkerLink, model: str, versions: frozenset[int], count: int) -> None:
         self._withdraw(link)
         link.model, link.versions, link.offered = model, versions, count
-        if count > 0 and self.hand_off:
+        if count > 0 and self.orphaned is not None:
             self._offers.setdefault(model, []).append(link)
 
     def _withdraw(self, link: WorkerLink) -> None:
@@ -380,8 +380,8 @@ class WorkerLink(asyncio.Protocol):
 class GatewayLink(asyncio.Protocol):
     """A worker's connection to one gateway: requests handed to it come in here."""
 
-    def __init__(self, owner: ReplyConnections, address: Address) -> None:
-        self.owner, self.address = owner, address
+    def __init__(self, owner: ReplyConnections) -> None:
+        self.owner = owner
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
         self.offered = False  # an offer of this worker is open at that gateway
@@ -499,7 +499,7 @@ class ReplyConnections:
         path, token = address
         try:
             _, link = await asyncio.wait_for(
-                asyncio.get_running_loop().create_unix_connection(lambda: GatewayLink(self, address), path),
+                asyncio.get_running_loop().create_unix_connection(lambda: GatewayLink(self), path),
                 CONNECT_TIMEOUT_S,
             )
         except (OSError, TimeoutError) as exc:

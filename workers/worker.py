@@ -250,11 +250,11 @@ class Worker:
     def _withdrawn(self, queue_id: str) -> None:
         """A gateway withdrew a request it handed over (its caller went away): dropped
         unless it is running already."""
-        gone = [q for q in self._handed_over if q.queue_id == queue_id]
-        if self.batcher is not None:
-            gone += [q for q in self.batcher.requests() if not q.entry_id and q.queue_id == queue_id]
-            self.batcher.remove(gone)
+        held = self.batcher.requests() if self.batcher is not None else []
+        gone = [q for q in (*self._handed_over, *held) if not q.entry_id and q.queue_id == queue_id]
         self._handed_over = [q for q in self._handed_over if q.queue_id != queue_id]
+        if self.batcher is not None:
+            self.batcher.remove(gone)
         if gone:
             logger.info("skipped a request withdrawn by its gateway")
 

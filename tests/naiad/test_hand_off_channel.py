@@ -86,6 +86,14 @@ class Worker:
         (queued,) = await self.reader.read(1, 5000)
         await self.sender.send([(queued, answer(queued))], offer=offer)
 
+    async def connect(self, gw: Gateway, offer: bool = True) -> None:
+        """The first request goes through the stream (no worker has offered yet); its answer
+        goes by the socket, which opens this worker's connection (with ``offer``, its offer)."""
+        await self.reader.ensure_groups()
+        first = asyncio.create_task(gw.dispatcher.infer(request(1.0), 5))
+        await self.serve_from_redis(offer=offer)
+        assert outputs(await first) == [2.0] * 4
+
     async def serve_handed(self, offer: bool = True):
         queued = await asyncio.wait_for(self.handed.get(), 5)
         await self.sender.send([(queued, answer(queued))], offer=offer)
@@ -112,11 +120,8 @@ def test_an_idle_worker_is_handed_the_next_request_and_redis_carries_none_of_it(
     async def scenario():
         async with Gateway(redis_url) as gw:
             worker = Worker(gw.redis)
-            await worker.reader.ensure_groups()
             stream = keys.request_stream(MODEL)
-            first = asyncio.create_task(gw.dispatcher.infer(request(1.0), 5))
-            await worker.serve_from_redis()
-            assert outputs(await first) == [2.0] * 4
+            await worker.connect(gw)
             await until(lambda: gw.server._offers.get(MODEL), "the offer")
             second = asyncio.create_task(gw.dispatcher.infer(request(3.0), 5))
             handed = await worker.serve_handed(offer=False)
@@ -143,10 +148,7 @@ def test_a_handed_request_goes_through_redis_when_its_worker_goes_away_or_its_he
             gw.dispatcher.liveness_s = 0.2
             stream = keys.request_stream(MODEL)
             dying = Worker(gw.redis, "dying")
-            await dying.reader.ensure_groups()
-            first = asyncio.create_task(gw.dispatcher.infer(request(1.0), 10))
-            await dying.serve_from_redis()
-            await first
+            await dying.connect(gw)
             await until(lambda: gw.server._offers.get(MODEL), "the offer")
             live = time.time() + 60
             await gw.redis.zadd(keys.workers(MODEL), {"dying": live})
@@ -176,11 +178,8 @@ def test_an_offer_covers_its_versions_and_a_timeout_still_applies(redis_url):
     async def scenario():
         async with Gateway(redis_url) as gw:
             worker = Worker(gw.redis, versions=(1,))
-            await worker.reader.ensure_groups()
             await gw.redis.zadd(keys.workers(MODEL), {"w1": time.time() + 60})
-            first = asyncio.create_task(gw.dispatcher.infer(request(1.0), 5))
-            await worker.serve_from_redis()
-            await first
+            await worker.connect(gw)
             await until(lambda: gw.server._offers.get(MODEL), "the offer")
             v2 = asyncio.create_task(gw.dispatcher.infer(request(2.0, version=2), 5))
             (queued,) = await worker.reader.read(1, 5000)
@@ -233,11 +232,8 @@ def test_no_hand_off_while_this_gateway_has_other_requests_of_the_model_in_fligh
     async def scenario():
         async with Gateway(redis_url) as gw:
             worker = Worker(gw.redis)
-            await worker.reader.ensure_groups()
             stream = keys.request_stream(MODEL)
-            first = asyncio.create_task(gw.dispatcher.infer(request(1.0), 5))
-            await worker.serve_from_redis(offer=False)  # answered directly, no offer
-            await first
+            await worker.connect(gw, offer=False)
             waiting = asyncio.create_task(gw.dispatcher.infer(request(2.0), 5))
             await until(lambda: gw.dispatcher._in_flight.get(MODEL), "the first queued")
             worker.sender.direct.offer_all()
