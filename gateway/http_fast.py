@@ -203,8 +203,8 @@ class FastFront(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self._idle_since = None  # the keep-alive timer, when armed, finds the connection busy
         idle = not self._buffer and self._task is None and not self._writing_paused
-        if idle and self.transport is not None:
-            self._server.arm_header_timer(self, self.transport)  # a request's head begins
+        if idle and self.transport is not None and data.find(b"\r\n\r\n", 0, MAX_HEAD_BYTES + 4) < 0:
+            self._server.arm_header_timer(self, self.transport)  # a request's head begins, not whole
         self._buffer += data
         if self._task is None and not self._writing_paused:
             self._take()

@@ -208,6 +208,12 @@ def decode_replies(payload: bytes) -> list[Reply]:
     """The replies of one reply-list element: encoded replies (:func:`encode_reply`)
     concatenated, as a worker pushes every reply of a batch for one gateway (one is the
     plain case). Raises :class:`InvalidInput` if any is malformed."""
+    try:  # one reply (a lone request's): no streaming unpacker
+        return [_reply_of(msgpack.unpackb(payload))]
+    except msgpack.ExtraData:
+        pass  # several replies
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise InvalidInput(f"malformed reply message: {exc}") from exc
     unpacker = msgpack.Unpacker(max_buffer_size=max(len(payload), 1))
     replies, end = [], 0
     try:

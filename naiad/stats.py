@@ -26,6 +26,7 @@ Nothing here does I/O except :func:`read`.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -95,7 +96,13 @@ return 0
 
 def add_counters(pipe: Pipeline, key: str, increments: dict[str, int], values: dict[str, int]) -> None:
     """Queue on ``pipe`` one command (:data:`HINCRBY_MANY`) setting ``values`` and adding
-    ``increments`` to fields of hash ``key``."""
+    ``increments`` to fields of hash ``key``. A group commit's stand-in for a pipeline
+    (:class:`naiad.stats_writer.Counters`) takes them as they are (``merge_counters``): no
+    command to build and take apart again."""
+    merge = getattr(pipe, "merge_counters", None)
+    if merge is not None:
+        merge(key, increments, values)
+        return
     args: list[str | int] = [len(values)]
     for name, value in (*values.items(), *increments.items()):
         args += [name, value]
@@ -110,15 +117,25 @@ def _incr(pipe: Pipeline, key: str, prefix: str, kind: str, count: int, ns: int)
 def add_execution(pipe: Pipeline, model: str, run: Execution) -> None:
     """Queue the counters of one executed batch on ``pipe`` (the caller executes it), as one
     command (:data:`HINCRBY_MANY`)."""
-    v = f"{run.version}:"
-    requests, batch = len(run.queue_ns), f"{v}batch:{run.rows}:"
-    counts = {f"{v}execution_count": 1, f"{v}inference_count": run.rows,
-              f"{v}queue_count": requests, f"{v}queue_ns": sum(run.queue_ns)}  # fmt: skip
+    requests, names = len(run.queue_ns), _execution_fields(run.version, run.rows)
+    amounts = [1, run.rows, requests, sum(run.queue_ns)]
     for phase in PHASES:
         ns = run.phases_ns.get(phase, 0)
-        counts |= {f"{v}{phase}_count": requests, f"{v}{phase}_ns": ns * requests,
-                   f"{batch}{phase}_count": 1, f"{batch}{phase}_ns": ns}  # fmt: skip
-    add_counters(pipe, keys.stats(model), counts, {f"{v}last_inference_ms": run.finished_ms})
+        amounts += (requests, ns * requests, 1, ns)
+    add_counters(pipe, keys.stats(model), dict(zip(names[1:], amounts, strict=True)),
+                 {names[0]: run.finished_ms})  # fmt: skip
+
+
+@functools.lru_cache(maxsize=4096)
+def _execution_fields(version: int, rows: int) -> tuple[str, ...]:
+    """:func:`add_execution`'s field names for a batch of ``rows`` rows of ``version``:
+    ``last_inference_ms``, then the counters in the order of its amounts."""
+    v, batch = f"{version}:", f"{version}:batch:{rows}:"
+    names = [f"{v}last_inference_ms", f"{v}execution_count", f"{v}inference_count", f"{v}queue_count",
+             f"{v}queue_ns"]  # fmt: skip
+    for phase in PHASES:
+        names += (f"{v}{phase}_count", f"{v}{phase}_ns", f"{batch}{phase}_count", f"{batch}{phase}_ns")
+    return tuple(names)
 
 
 def add_request(

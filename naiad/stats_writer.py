@@ -40,8 +40,8 @@ Add = Callable[[Pipeline], None]
 
 class Counters:
     """Stands in for a pipeline to the ``add_*`` functions of :mod:`naiad.stats` (HINCRBY,
-    HSET, EVAL of :data:`naiad.stats.HINCRBY_MANY`), summing what they add per hash field;
-    :meth:`queue` sends the sums as one command per hash."""
+    HSET, and :func:`naiad.stats.add_counters`' many fields at once), summing what they add
+    per hash field; :meth:`queue` sends the sums as one command per hash."""
 
     def __init__(self) -> None:
         self.increments: dict[str, dict[str, int]] = {}
@@ -54,14 +54,13 @@ class Counters:
     def hset(self, key: str, name: str, value: int) -> None:
         self.values.setdefault(key, {})[name] = value
 
-    def eval(self, script: str, numkeys: int, key: str, *args: str | int) -> None:
-        if script != stats.HINCRBY_MANY or numkeys != 1:
-            raise ValueError("only naiad.stats counters can be grouped")
-        sets = int(args[0])
-        for name, value in zip(args[1 : 1 + 2 * sets : 2], args[2 : 2 + 2 * sets : 2], strict=True):
-            self.hset(key, str(name), int(value))
-        for name, amount in zip(args[1 + 2 * sets :: 2], args[2 + 2 * sets :: 2], strict=True):
-            self.hincrby(key, str(name), int(amount))
+    def merge_counters(self, key: str, increments: dict[str, int], values: dict[str, int]) -> None:
+        """What :func:`naiad.stats.add_counters` would send as one command, summed in."""
+        if values:
+            self.values.setdefault(key, {}).update(values)
+        fields = self.increments.setdefault(key, {})
+        for name, amount in increments.items():
+            fields[name] = fields.get(name, 0) + int(amount)
 
     def queue(self, pipe: Pipeline) -> None:
         for key in {**self.increments, **self.values}:

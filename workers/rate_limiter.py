@@ -309,14 +309,13 @@ class RateLimiter:
             await asyncio.shield(self.release())
 
 
-@contextlib.asynccontextmanager
-async def slot(limiter: RateLimiter | None) -> AsyncIterator[None]:
-    """``limiter.slot()``, or nothing to wait for when the worker is not rate limited."""
-    if limiter is None:
-        yield
-        return
-    async with limiter.slot():
-        yield
+def slot(limiter: RateLimiter | None) -> contextlib.AbstractAsyncContextManager[None]:
+    """``limiter.slot()``, or nothing to wait for when the worker is not rate limited (a
+    plain ``nullcontext``: no generator per batch)."""
+    return _UNLIMITED if limiter is None else limiter.slot()
+
+
+_UNLIMITED: contextlib.AbstractAsyncContextManager[None] = contextlib.nullcontext()
 
 
 async def for_worker(

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import time
@@ -58,6 +59,11 @@ logger = logging.getLogger(__name__)
 BLOCK_MARGIN_S = 0.11
 #: The step of the sleep-and-claim rounds of a short batching wait (seconds).
 WAIT_STEP_S = 0.001
+
+
+def _set_once(future: asyncio.Future[None], _: object = None) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 @dataclass(frozen=True)
@@ -244,8 +250,8 @@ class Worker:
             return
         queued.level, queued.claimed_at = level, time.monotonic()
         self._handed_over.append(queued)
-        if self._arrival is not None and not self._arrival.done():
-            self._arrival.set_result(None)
+        if self._arrival is not None:
+            _set_once(self._arrival)
 
     def _withdrawn(self, queue_id: str) -> None:
         """A gateway withdrew a request it handed over (its caller went away): dropped
@@ -290,11 +296,15 @@ class Worker:
             loop = asyncio.get_running_loop()
             # after the steps already due: a reply being written carries the offer (one write)
             loop.call_soon(self.direct.offer_all)
-            self._arrival = loop.create_future()
+            # one future that the claim or a handed request sets (cheaper than asyncio.wait)
+            arrival = self._arrival = loop.create_future()
+            wake = functools.partial(_set_once, arrival)
+            claiming.add_done_callback(wake)
             try:
-                await asyncio.wait([claiming, self._arrival], return_when=asyncio.FIRST_COMPLETED)
+                await arrival
             finally:
-                self._arrival.cancel()
+                claiming.remove_done_callback(wake)
+                arrival.cancel()
                 self._arrival = None
         self._take_handed()
         if not claiming.done():
