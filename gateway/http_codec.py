@@ -217,8 +217,10 @@ def _input(
         raise InvalidInput(f"input '{name}': missing 'datatype'")
     numpy_dtype(datatype)
     shape = _shape(spec.get("shape"), name)
-    params = _object(spec.get("parameters"), f"input '{name}' parameters")
-    size, region = params.get("binary_data_size"), shared_memory_ref(params, name)
+    params = _object(spec["parameters"], f"input '{name}' parameters") if "parameters" in spec else {}
+    size, region = None, None
+    if params:
+        size, region = params.get("binary_data_size"), shared_memory_ref(params, name)
     if region is not None or (size is not None and "data" in spec):
         _only_one_source(name, "data" in spec, size is not None, region is not None)
         return Tensor(name, datatype, shape, read_tensor(shm, region, name, datatype, shape)), offset
@@ -247,6 +249,8 @@ def _flag(value: Any, what: str) -> bool | None:
 def _requested_output(spec: Any) -> RequestedOutput:
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
         raise InvalidInput("each requested output must be an object with a 'name'")
+    if spec.get("parameters") is None:  # the common case: no messages to format, nothing to check
+        return RequestedOutput(spec["name"])
     params = _object(spec.get("parameters"), f"output '{spec['name']}' parameters")
     binary = _flag(params.get("binary_data"), f"output '{spec['name']}': 'binary_data'")
     class_count = params.get("classification", 0)
@@ -327,10 +331,11 @@ def _json_values(tensor: Tensor) -> list[Any]:
             raise InvalidInput(
                 f"output '{tensor.name}' holds non-UTF-8 bytes: request it with binary_data"
             ) from None
-    values = tensor.data.reshape(-1)
-    if values.dtype.kind == "f" and not np.isfinite(values).all():
-        return [v if math.isfinite(v) else NON_FINITE[str(v)] for v in values.tolist()]
-    return values.tolist()
+    values = tensor.data.reshape(-1).tolist()
+    # a sum is finite only when every value is (an overflow to inf just takes the slow way)
+    if tensor.data.dtype.kind == "f" and not math.isfinite(sum(values)):
+        return [v if math.isfinite(v) else NON_FINITE[str(v)] for v in values]
+    return values
 
 
 #: JSON has no NaN or infinities (RFC 8259 §6). Real Triton 2.51 writes the bare tokens

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import struct
+import sys
 
 import ml_dtypes
 import numpy as np
@@ -38,6 +39,9 @@ NUMPY_DTYPES: dict[str, np.dtype] = {
 BINARY_ONLY = frozenset({"FP16", "BF16"})
 
 _LEN = struct.Struct("<I")
+
+#: The wire is little-endian; on such a host its arrays need no conversion.
+NATIVE_IS_LITTLE = sys.byteorder == "little"
 
 
 def numpy_dtype(datatype: str) -> np.dtype:
@@ -126,12 +130,22 @@ def deserialize_bytes(buffer: bytes | memoryview, count: int | None = None) -> n
     return result
 
 
+def _little_endian(datatype: str) -> np.dtype:
+    """The little-endian dtype of a fixed-size datatype (the wire's byte order), made once."""
+    dtype = _WIRE_DTYPES.get(datatype)
+    if dtype is None:
+        dtype = _WIRE_DTYPES[datatype] = numpy_dtype(datatype).newbyteorder("<")
+    return dtype
+
+
+_WIRE_DTYPES: dict[str, np.dtype] = {}
+
+
 def to_bytes(array: np.ndarray, datatype: str) -> bytes:
     """Raw little-endian row-major bytes of a tensor, as the binary extension sends them."""
     if datatype == "BYTES":
         return serialize_bytes(array)
-    dtype = numpy_dtype(datatype)
-    return np.ascontiguousarray(array, dtype=dtype.newbyteorder("<")).tobytes()
+    return np.ascontiguousarray(array, dtype=_little_endian(datatype)).tobytes()
 
 
 def from_bytes(buffer: bytes | memoryview, datatype: str, shape: list[int]) -> np.ndarray:
@@ -148,4 +162,5 @@ def from_bytes(buffer: bytes | memoryview, datatype: str, shape: list[int]) -> n
         raise InvalidInput(
             f"tensor data has {len(buffer)} bytes, shape {shape} of {datatype} needs {expected}"
         )
-    return np.frombuffer(buffer, dtype=dtype.newbyteorder("<")).astype(dtype, copy=False).reshape(shape)
+    array = np.frombuffer(buffer, dtype=_little_endian(datatype))
+    return (array if NATIVE_IS_LITTLE else array.astype(dtype)).reshape(shape)
