@@ -101,7 +101,11 @@ def numpy_to_triton_type(data_type: Any) -> int | None:
     dtype = np.dtype(data_type)
     if dtype.kind == "S":
         return 13
-    return next((number for number, candidate in _TYPE_NUMBERS.items() if np.dtype(candidate) == dtype), None)
+    return _NUMBER_OF_DTYPE.get(dtype)
+
+
+#: :data:`_TYPE_NUMBERS` the other way (each tensor a model makes asks it: a dict, not a scan).
+_NUMBER_OF_DTYPE: dict[np.dtype, int] = {np.dtype(t): number for number, t in _TYPE_NUMBERS.items()}
 
 
 def serialize_byte_tensor(input_tensor: np.ndarray) -> np.ndarray | None:
@@ -252,7 +256,7 @@ def _parameters_json(parameters: dict[str, Any] | str | None) -> str:
         return parameters
     if not isinstance(parameters, dict):
         raise TritonModelException("request parameters must be a dict or a JSON string")
-    return json.dumps(parameters)
+    return json.dumps(parameters) if parameters else "{}"
 
 
 #: Sends a BLS request through its model's queue, returning a future of its response.

@@ -50,7 +50,7 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
@@ -127,24 +127,38 @@ def instance_args(version_dir: Path, config: mc.ModelConfig, device: str) -> dic
     }
 
 
-def output_fault(spec: mc.ModelOutput, array: np.ndarray, rows: int | None) -> str | None:
+class OutputRule(NamedTuple):
+    """What :func:`output_fault` checks of one config output, read out of it once: its
+    ``name``, its config ``datatype`` (``TYPE_FP32``) and ``dims`` (``reshape.shape`` when
+    given, else ``dims``)."""
+
+    name: str
+    datatype: str
+    dims: list[int]
+
+    @classmethod
+    def of(cls, spec: mc.ModelOutput) -> OutputRule:
+        dims = list(spec.reshape.shape) if spec.HasField("reshape") else list(spec.dims)
+        return cls(spec.name, mc.DataType.Name(spec.data_type), dims)
+
+
+def output_fault(spec: mc.ModelOutput | OutputRule, array: np.ndarray, rows: int | None) -> str | None:
     """Why ``array`` cannot be output ``spec`` of one request, or None when it fits: the
     config's datatype (``TYPE_STRING`` is BYTES: object or byte-string arrays) and shape
     (``reshape.shape`` when given, else ``dims``; ``-1`` matches any size), with ``rows``
     in front when the model batches (None: it does not)."""
-    expected = mc.DataType.Name(spec.data_type)
+    rule = spec if isinstance(spec, OutputRule) else OutputRule.of(spec)
     try:
         provided = datatype_to_config(datatype_of(array.dtype))
     except InvalidInput:
         provided = f"numpy {array.dtype}"
-    if provided != expected:
-        name = spec.name
-        return f"configuration expects datatype {expected} for output '{name}', model provides {provided}"
-    dims = list(spec.reshape.shape) if spec.HasField("reshape") else list(spec.dims)
-    shape = ([rows] if rows is not None else []) + dims
+    if provided != rule.datatype:
+        return (f"configuration expects datatype {rule.datatype} for output '{rule.name}', model "
+                f"provides {provided}")  # fmt: skip
+    shape = ([rows] if rows is not None else []) + rule.dims
     got = array.shape
     if len(got) != len(shape) or any(d not in (-1, a) for d, a in zip(shape, got, strict=True)):
-        return (f"output '{spec.name}' has shape {list(array.shape)}, its configuration expects "
+        return (f"output '{rule.name}' has shape {list(array.shape)}, its configuration expects "
                 f"{shape} (-1: any size)")  # fmt: skip
     return None
 
@@ -177,7 +191,7 @@ class PythonBackend:
         self.args = instance_args(path.parent, config, device)
         self.instance = self.args["model_instance_name"]
         self.output_names = [spec.name for spec in config.output]
-        self.output_specs = {spec.name: spec for spec in config.output}
+        self.output_specs = {spec.name: OutputRule.of(spec) for spec in config.output}
         self.batching = config.max_batch_size > 0
         self.input_reshape = {s.name: list(s.reshape.shape) for s in config.input if s.HasField("reshape")}
         self.output_dims = {s.name: list(s.dims) for s in config.output if s.HasField("reshape")}
