@@ -331,11 +331,23 @@ def _json_values(tensor: Tensor) -> list[Any]:
             raise InvalidInput(
                 f"output '{tensor.name}' holds non-UTF-8 bytes: request it with binary_data"
             ) from None
-    values = tensor.data.reshape(-1).tolist()
-    # a sum is finite only when every value is (an overflow to inf just takes the slow way)
-    if tensor.data.dtype.kind == "f" and not math.isfinite(sum(values)):
+    flat = tensor.data.reshape(-1)
+    values = flat.tolist()
+    if flat.dtype.kind == "f" and not _all_finite(flat, values):
         return [v if math.isfinite(v) else NON_FINITE[str(v)] for v in values]
     return values
+
+
+#: Up to this many values a Python ``sum`` checks them faster than numpy's call overhead.
+SUM_CHECK_MAX = 128
+
+
+def _all_finite(flat: np.ndarray, values: list[float]) -> bool:
+    """Whether every value is finite. A sum is finite only when every value is (one that
+    overflows to infinity just sends finite values the slow way); numpy for many values."""
+    if len(values) <= SUM_CHECK_MAX:
+        return math.isfinite(sum(values))
+    return bool(np.isfinite(flat).all())
 
 
 #: JSON has no NaN or infinities (RFC 8259 §6). Real Triton 2.51 writes the bare tokens
