@@ -8,6 +8,7 @@ architecture/data-plane/v2-protocol) and Triton's ``model_config.proto`` ``DataT
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 import sys
@@ -130,15 +131,11 @@ def deserialize_bytes(buffer: bytes | memoryview, count: int | None = None) -> n
     return result
 
 
+@functools.cache
 def _little_endian(datatype: str) -> np.dtype:
-    """The little-endian dtype of a fixed-size datatype (the wire's byte order), made once."""
-    dtype = _WIRE_DTYPES.get(datatype)
-    if dtype is None:
-        dtype = _WIRE_DTYPES[datatype] = numpy_dtype(datatype).newbyteorder("<")
-    return dtype
-
-
-_WIRE_DTYPES: dict[str, np.dtype] = {}
+    """The little-endian dtype of a fixed-size datatype (the wire's byte order), made once
+    (an unknown datatype raises :class:`InvalidInput` and is not cached)."""
+    return numpy_dtype(datatype).newbyteorder("<")
 
 
 def to_bytes(array: np.ndarray, datatype: str) -> bytes:

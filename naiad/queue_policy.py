@@ -55,14 +55,6 @@ def streams(model: str, config: mc.ModelConfig) -> list[str]:
     return keys.request_streams(model, priority_levels(config))
 
 
-def policy_of(config: mc.ModelConfig, level: int) -> mc.ModelQueuePolicy:
-    """The queue policy of ``level``."""
-    batching = config.dynamic_batching
-    if level in batching.priority_queue_policy:
-        return batching.priority_queue_policy[level]
-    return batching.default_queue_policy
-
-
 def queue_timeout_us(policy: mc.ModelQueuePolicy, requested_us: Any) -> int:
     """Microseconds a request may wait in the queue (0: no limit): Triton's rule, see the
     module doc. ``requested_us``: the request's ``timeout`` parameter (None: not given)."""
@@ -100,8 +92,9 @@ class _LevelPolicy(NamedTuple):
 @dataclass(frozen=True)
 class _Table:
     """What requests read of one config, read out once (protobuf field access would cost a
-    request ~7 µs in :func:`place`): the levels, the default level, each level's policy
-    (:func:`policy_of`), ``preserve_ordering`` and the batch (``max_batch_size``, at least 1)."""
+    request ~7 µs in :func:`place`): the levels, the default level, each level's policy (its
+    ``priority_queue_policy`` entry, else ``default_queue_policy``), ``preserve_ordering``
+    and the batch (``max_batch_size``, at least 1)."""
 
     levels: int
     default_level: int

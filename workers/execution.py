@@ -61,16 +61,17 @@ class BatchExecutor:
         and the ``naiad.batch`` span."""
         version, ids = group[0].request.version, [q.request_id for q in group]
         started_ns = time.time_ns()
-        attributes = None
+        attributes, links = None, []
         if tracing.enabled():
             for queued in group:
                 tracing.record("naiad.queue", int(queued.enqueued_at * 1e9), started_ns,
                                {"naiad.request_id": queued.request_id}, parent=queued.traceparent)
             attributes = {"naiad.model": self.model, "naiad.version": version,
                           "naiad.request_ids": ids, "naiad.batch_requests": len(group)}
+            links = [q.traceparent for q in group]
         with logs.request_context(logs.batch_ids(ids), version=version), tracing.span(
             "naiad.batch", attributes, kind="consumer", parent=group[0].traceparent,
-            links=[q.traceparent for q in group] if attributes is not None else (),
+            links=links,
         ):
             payloads, run = await self._execute_batch(group)
             elapsed_ms = (time.time_ns() - started_ns) / 1e6

@@ -142,12 +142,11 @@ class OutputRule(NamedTuple):
         return cls(spec.name, mc.DataType.Name(spec.data_type), dims)
 
 
-def output_fault(spec: mc.ModelOutput | OutputRule, array: np.ndarray, rows: int | None) -> str | None:
-    """Why ``array`` cannot be output ``spec`` of one request, or None when it fits: the
+def output_fault(rule: OutputRule, array: np.ndarray, rows: int | None) -> str | None:
+    """Why ``array`` cannot be the output ``rule`` describes of one request, or None when it fits: the
     config's datatype (``TYPE_STRING`` is BYTES: object or byte-string arrays) and shape
     (``reshape.shape`` when given, else ``dims``; ``-1`` matches any size), with ``rows``
     in front when the model batches (None: it does not)."""
-    rule = spec if isinstance(spec, OutputRule) else OutputRule.of(spec)
     try:
         provided = datatype_to_config(datatype_of(array.dtype))
     except InvalidInput:
@@ -191,7 +190,7 @@ class PythonBackend:
         self.args = instance_args(path.parent, config, device)
         self.instance = self.args["model_instance_name"]
         self.output_names = [spec.name for spec in config.output]
-        self.output_specs = {spec.name: OutputRule.of(spec) for spec in config.output}
+        self.output_rules = {spec.name: OutputRule.of(spec) for spec in config.output}
         self.batching = config.max_batch_size > 0
         self.input_reshape = {s.name: list(s.reshape.shape) for s in config.input if s.HasField("reshape")}
         self.output_dims = {s.name: list(s.dims) for s in config.output if s.HasField("reshape")}
@@ -305,7 +304,7 @@ class PythonBackend:
         outputs = []
         for name in [n for n in given if n in wanted]:
             array = given[name].as_numpy()
-            fault = output_fault(self.output_specs[name], array, rows)
+            fault = output_fault(self.output_rules[name], array, rows)
             if fault is not None:
                 return InferenceFailed(f"model '{self.config.name}' returned a bad output: {fault}")
             array = self._client_output(name, array)
@@ -315,7 +314,7 @@ class PythonBackend:
     def _missing_message(self, missing: list[str], given: dict[str, Any]) -> str:
         names = ", ".join(f"'{n}'" for n in missing)
         message = f"the response of model '{self.config.name}' has no output {names} (requested)"
-        undeclared = [f"'{n}'" for n in given if n not in self.output_specs]
+        undeclared = [f"'{n}'" for n in given if n not in self.output_rules]
         if undeclared:
             message += f"; it has {', '.join(undeclared)}, which the model configuration does not declare"
         return message
