@@ -19,7 +19,6 @@ if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
 import os  # noqa: E402
-import socket  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
 import uuid  # noqa: E402
@@ -28,6 +27,7 @@ from collections.abc import Iterator  # noqa: E402
 import boto3  # noqa: E402
 import pytest  # noqa: E402
 import requests  # noqa: E402
+from naiad_harness import free_port  # noqa: E402
 
 from naiad.redis_server import EmbeddedRedis  # noqa: E402
 
@@ -36,13 +36,6 @@ S3_ENV = {
     "AWS_SECRET_ACCESS_KEY": "testing",
     "AWS_DEFAULT_REGION": "us-east-1",
 }
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_http(url: str, timeout_s: float = 30.0) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import re
 import signal
 import socket
@@ -39,10 +40,37 @@ STOP_TIMEOUT_S = 30.0
 SHUTDOWN_GRACE_S = 3
 
 
+#: The lowest port :func:`free_port` hands out (it stays below the kernel's ephemeral range).
+LOW_PORT = 10_000
+_given_ports: set[int] = set()
+
+
+def _ephemeral_start() -> int:
+    """The first port the kernel hands to outgoing connections
+    (``net.ipv4.ip_local_port_range``; 32768, Linux's default, where it cannot be read)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A TCP port nothing is bound to, not given before by this process, below the
+    ephemeral range: a port the kernel picked for us (``bind(0)``) may be handed to an
+    outgoing connection before the server binds it (EADDRINUSE); one below the range never is."""
+    start = _ephemeral_start()
+    for _ in range(1_000):
+        port = random.randrange(LOW_PORT, start) if start > LOW_PORT + 1_000 else 0
+        with socket.socket() as sock:
+            try:
+                sock.bind(("", port))
+            except OSError:
+                continue
+            port = sock.getsockname()[1]
+        if port not in _given_ports:
+            _given_ports.add(port)
+            return port
+    raise RuntimeError("no free TCP port found")
 
 
 def wait_for(condition: Callable[[], object], timeout_s: float, what: str, interval_s: float = 0.05):
@@ -193,9 +221,7 @@ def start_server(
     env = {**os.environ, **(extra_env or {}), "PYTHONUNBUFFERED": "1"}
     with log_path.open("wb") as log:
         process = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    server = NaiadServer(
-        process, http_port, metrics_port, cache_dir, grpc_port=grpc_port, log_path=log_path
-    )
+    server = NaiadServer(process, http_port, metrics_port, cache_dir, grpc_port=grpc_port, log_path=log_path)
     try:
         wait_for(lambda: _ready(server), READY_TIMEOUT_S, "/v2/health/ready == 200")
     except BaseException:

@@ -293,19 +293,9 @@ class Worker:
         if finish:
             await asyncio.wait([claiming])
         elif wait and not claiming.done() and not self._handed_over:
-            loop = asyncio.get_running_loop()
             # after the steps already due: a reply being written carries the offer (one write)
-            loop.call_soon(self.direct.offer_all)
-            # one future that the claim or a handed request sets (cheaper than asyncio.wait)
-            arrival = self._arrival = loop.create_future()
-            wake = functools.partial(_set_once, arrival)
-            claiming.add_done_callback(wake)
-            try:
-                await arrival
-            finally:
-                claiming.remove_done_callback(wake)
-                arrival.cancel()
-                self._arrival = None
+            asyncio.get_running_loop().call_soon(self.direct.offer_all)
+            await self._arrival_of(claiming)
         self._take_handed()
         if not claiming.done():
             return None
@@ -315,6 +305,23 @@ class Worker:
             return None
         self.batcher.add(claimed[0])
         return claimed[1]
+
+    async def _arrival_of(self, claiming: asyncio.Future, timeout_s: float | None = None) -> None:
+        """Wait until ``claiming`` is back or a request is handed over (or ``timeout_s``
+        seconds pass): one future that any of them sets (cheaper than ``asyncio.wait``)."""
+        loop = asyncio.get_running_loop()
+        arrival = self._arrival = loop.create_future()
+        wake = functools.partial(_set_once, arrival)
+        claiming.add_done_callback(wake)
+        timer = loop.call_later(timeout_s, wake) if timeout_s is not None else None
+        try:
+            await arrival
+        finally:
+            claiming.remove_done_callback(wake)
+            if timer is not None:
+                timer.cancel()
+            arrival.cancel()
+            self._arrival = None
 
     def _claim(self, remaining_s: float) -> tuple[int, int | None]:
         """The next claim's ``(count, block_ms)``: what fits the batcher's window, blocking
@@ -378,10 +385,17 @@ class Worker:
         so a preferred batch size is sent the moment it can be formed (Triton batcher.md).
         A long wait blocks on the streams (Redis answers at the first arrival) for all but
         :data:`BLOCK_MARGIN_S` of it (a blocked read may wake that late); the rest, and a
-        short wait, is slept in steps of :data:`WAIT_STEP_S` with a claim after each."""
+        short wait, is slept in steps of :data:`WAIT_STEP_S` with a claim after each. While
+        the serve loop's blocking claim is out, that claim is waited for instead (with the
+        requests handed over): a second one would miss what Redis gives the first."""
         assert self.batcher is not None
         room = self.batcher.room
-        if not room:
+        if self._claiming is not None:  # the serve loop's blocking claim is still out: Redis
+            # gives what arrives to it first (the oldest blocked reader), so it is waited for
+            if not self._handed_over and not self._claiming.done():
+                await self._arrival_of(self._claiming, wait_s)
+            await self._collect(wait=False)
+        elif not room:
             await asyncio.sleep(wait_s)
         elif wait_s > 2 * BLOCK_MARGIN_S:
             block_s = min(wait_s - BLOCK_MARGIN_S, 1.0)  # the client's longest block

@@ -322,3 +322,35 @@ def _batches(sizes: list[int], max_rows: int, preferred: tuple[int, ...]) -> lis
         out.append(sum(batching.rows(requests[i]) for i in indices))
         requests = [q for i, q in enumerate(requests) if i not in indices]
     return out
+
+
+def test_a_preferred_size_forms_from_a_handed_request_and_queued_ones(
+    r, redis_url, naiad_server, example_repository, tmp_path, digits_holdout, digits_onnx
+):
+    """``preferred_batch_size: [4]``, a 5 s delay, direct hand-off on: the idle worker takes one
+    request by its gateway's socket while its blocking claim is out, then three more reach the
+    stream, and Redis gives them to that claim: the four run at once as one batch of 4, not the
+    first alone after the delay and the three after another (the differential suite's
+    ``test_dynamic_batcher_sends_a_preferred_size_at_once`` saw that now and then)."""
+    batching = "preferred_batch_size: [4] max_queue_delay_microseconds: 5000000"
+    server = serve(naiad_server, redis_url, repository(tmp_path, example_repository, batching))
+    x, _ = digits_holdout
+    client = httpclient.InferenceServerClient(server.url, network_timeout=60)
+    for _ in range(3):  # four rows: run at once; the last answer carries the worker's offer
+        client.infer("digits", http_inputs(x[:4]))
+    client.close()
+    before, added = stats(server), r.info("commandstats").get("cmdstat_xadd", {}).get("calls", 0)
+    calls = Calls(server)  # right after an answer: the worker's new blocking claim is out
+    calls.send("handed", x[:1])
+    time.sleep(0.3)
+    for i in range(3):
+        calls.send(f"queued{i}", x[1 + i : 2 + i])
+    calls.wait(4)
+    assert r.info("commandstats")["cmdstat_xadd"]["calls"] - added == 3  # the first was handed over
+    want = digits_onnx.run(["label"], {"input": x[:4]})[0]
+    for i, name in enumerate(["handed", "queued0", "queued1", "queued2"]):
+        np.testing.assert_array_equal(calls.results[name].as_numpy("label"), want[i : i + 1])
+    after = stats(server)
+    counts = {b["batch_size"]: b["compute_infer"]["count"] for b in after["batch_stats"]}
+    old = {b["batch_size"]: b["compute_infer"]["count"] for b in before["batch_stats"]}
+    assert {n: c - old.get(n, 0) for n, c in counts.items() if c != old.get(n, 0)} == {4: 1}

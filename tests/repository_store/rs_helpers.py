@@ -4,7 +4,6 @@ folder and uploaded to S3."""
 from __future__ import annotations
 
 import pathlib
-import socket
 
 import boto3
 
@@ -85,10 +84,3 @@ def upload_tree(endpoint: str, bucket: str, prefix: str, root: pathlib.Path) -> 
             client.put_object(Bucket=bucket, Key=key, Body=path.read_bytes())
         elif not any(path.iterdir()):
             client.put_object(Bucket=bucket, Key=key + "/", Body=b"")
-
-
-def free_port() -> int:
-    """A loopback TCP port nobody listens on (free a moment ago)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

@@ -7,7 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import boto3
 import pytest
-from rs_helpers import ALL_MODELS, free_port, upload_tree
+from naiad_harness import free_port
+from rs_helpers import ALL_MODELS, upload_tree
 
 from naiad.errors import RepositoryError
 from repository_store import S3Store, index_repository, open_store
