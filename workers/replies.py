@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
@@ -49,6 +49,9 @@ class ReplySender:
         self.redis, self.model, self.queue, self.loader = redis, model, queue, loader
         # to gateways on this machine (naiad.reply_channel)
         self.direct = ReplyConnections(worker_id=queue.consumer)
+        #: Called when a send meets a Redis failure, before it retries: the worker takes no
+        #: more requests by the gateways' sockets while Redis is down (:mod:`workers.worker`).
+        self.on_redis_failure: Callable[[], None] | None = None
 
     async def send(
         self, pairs: Sequence[tuple[QueuedRequest, bytes]], runs: Sequence[stats.Execution] = (),
@@ -66,7 +69,8 @@ class ReplySender:
         replies: the retry pushes them again and the gateway drops the second copy. A retry
         carries neither the statistics nor the claim: the failed attempt may have counted
         them (a timeout waiting for its claim, the process frozen past the socket timeout,
-        comes after Redis ran everything else), and counting twice is worse than not at all."""
+        comes after Redis ran everything else), and counting twice is worse than not at all;
+        nor an offer, and :attr:`on_redis_failure` is called before each retry."""
         give_up_at = max((queued.deadline for queued, _ in pairs), default=0.0)
         backoff = REDIS_BACKOFF_S[0]
         while True:
@@ -76,7 +80,9 @@ class ReplySender:
                 if time.time() + backoff > give_up_at:
                     raise
                 logger.warning("reply not sent (%s); retrying in %.1f s", exc, backoff)
-                runs, claim = (), None
+                if self.on_redis_failure is not None:
+                    self.on_redis_failure()
+                runs, claim, offer = (), None, False  # no offer: no hand-off while Redis is down
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, REDIS_BACKOFF_S[1])
 

@@ -98,6 +98,7 @@ class Worker:
         self.executor = BatchExecutor(model, self.loader)
         self.replies = ReplySender(self.redis, model, self.queue, self.loader)
         self.direct = self.replies.direct  # gateways on this machine (naiad.reply_channel)
+        self.replies.on_redis_failure = self._give_back_handed
         self.direct.on_request, self.direct.on_withdraw = self._handed, self._withdrawn
         self._handed_over: list[QueuedRequest] = []  # requests gateways handed over directly
         self._arrival: asyncio.Future[None] | None = None  # set when one comes while waiting
