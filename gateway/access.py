@@ -20,7 +20,7 @@ counters and latency, so it is ``statistics``; ``GET /v2/openapi.json`` is ``met
 Values are compared in constant time (:func:`hmac.compare_digest` over SHA-256 digests, so
 not even the length leaks). No message here ever contains a value; :meth:`Restriction.__repr__`
 hides it. This module knows no transport: the aiohttp middleware (:mod:`gateway.http`) and the
-grpc.aio interceptor (:mod:`gateway.grpc_server`) only hand it a route or method and headers.
+gRPC handler wrapper (:mod:`gateway.grpc_server`) only hand it a route or method and headers.
 """
 
 from __future__ import annotations

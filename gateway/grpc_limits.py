@@ -3,12 +3,11 @@
 grpc core refuses a message over ``grpc.max_receive_message_length`` from its declared
 length (measured with a raw HTTP/2 client declaring 2^31-1 bytes: the stream is reset after
 ~8 MiB, the server's memory does not grow; ``tests/hardening/test_grpc_limits.py``). Under
-that size it reads a message whole before a unary handler runs, so :class:`LimitsInterceptor`
-turns every unary-request method into a request-streaming one whose behavior receives the
-message itself, which lets it:
+that size it reads a message whole before a unary handler runs, so every unary-request method
+is served as a request-streaming one that reads the message itself (:func:`receive`, from the
+handler wrapper of :mod:`gateway.grpc_server`), which lets it:
 
-- refuse a call before its message is read (an access refusal, placed outside it, never
-  iterates the request: :func:`gateway.grpc_server._refusing`);
+- refuse a call before its message is read (an access refusal never reads the request);
 - bound the read in time (``read_timeout_s``: DEADLINE_EXCEEDED, the call ends and grpc
   drops what it buffered);
 - count the message against the gateway's shared :class:`gateway.limits.ByteBudget`: a
@@ -24,20 +23,12 @@ bounded by the largest message size, and its requests by the gateway's ``--max-i
 from __future__ import annotations
 
 import asyncio
-import functools
-from collections.abc import AsyncIterator, Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
-import grpc
-from google.protobuf.message import DecodeError
-
-from gateway.limits import ByteBudget
+from gateway.limits import ByteBudget, Reservation
 from naiad.errors import InvalidInput, RequestTimeout
-
-#: Wrapped method handlers an interceptor keeps (the service has 20 methods; grpc hands the
-#: same handler to every call of one; a refused call's handler is new each time and ages out).
-HANDLERS_CACHED = 128
 
 #: Seconds a call's message may take to be there before the call counts as reading a
 #: message of the largest size (a small request arrives in the same packets as its headers).
@@ -68,57 +59,34 @@ class GrpcLimits:
         ]
 
 
-class LimitsInterceptor(grpc.aio.ServerInterceptor):
-    """Reads each unary request itself, within :class:`GrpcLimits` (see the module doc)."""
-
-    def __init__(self, limits: GrpcLimits):
-        self._limits = limits
-        self._reading = functools.lru_cache(maxsize=HANDLERS_CACHED)(self._reading_handler)
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        if handler is None or handler.request_streaming or handler.response_streaming:
-            return handler  # the service's only streaming method is ModelStreamInfer
-        return self._reading(handler)
-
-    def _reading_handler(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-        """``handler`` made request-streaming (:func:`_reading`), once per method handler."""
-        behavior = _reading(handler.unary_unary, handler.request_deserializer, self._limits)
-        return handler._replace(
-            request_streaming=True, request_deserializer=None, unary_unary=None, stream_unary=behavior
-        )
+def reservation(limits: GrpcLimits | None) -> contextlib.AbstractContextManager[Reservation | None]:
+    """What a call holds of the shared budget while it runs (nothing without ``limits``)."""
+    return limits.budget.reservation() if limits is not None else contextlib.nullcontext()
 
 
-def _reading(
-    behavior: Callable[..., Any], deserializer: Callable[[bytes], Any] | None, limits: GrpcLimits
-) -> Callable[..., Any]:
-    """A request-streaming behavior that reads one raw message within ``limits``, decodes
-    it (:class:`InvalidInput` when it is not a valid message) and runs ``behavior`` on it."""
-
-    async def call(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> Any:
-        with limits.budget.reservation() as reservation:
-            raw = await _receive(requests, limits, reservation)
-            reservation.resize(len(raw))
-            try:
-                request = deserializer(raw) if deserializer else raw
-            except DecodeError as exc:
-                raise InvalidInput(f"the request is not a valid protobuf message: {exc}") from None
-            del raw
-            return await behavior(request, context)
-
-    return call
+async def receive(
+    requests: AsyncIterator[bytes], limits: GrpcLimits | None, held: Reservation | None
+) -> bytes:
+    """A unary call's one raw message, read within ``limits`` (module doc) and then held in
+    ``held`` at its size. Raises :class:`RequestTimeout` past ``read_timeout_s``,
+    :class:`InvalidInput` for a call without a message, :class:`Overloaded` (from the
+    budget) when the budget cannot hold a message being read."""
+    if limits is None or held is None:
+        try:
+            return await anext(aiter(requests))
+        except StopAsyncIteration:
+            raise InvalidInput("the call carried no request message") from None
+    raw = await _read(requests, limits, held)
+    held.resize(len(raw))
+    return raw
 
 
-async def _receive(requests: AsyncIterator[bytes], limits: GrpcLimits, reservation: Any) -> bytes:
+async def _read(requests: AsyncIterator[bytes], limits: GrpcLimits, held: Reservation) -> bytes:
     read = asyncio.ensure_future(anext(aiter(requests)))
     try:
         done, _ = await asyncio.wait({read}, timeout=PROMPT_S)
         if not done:
-            reservation.add(limits.max_message_bytes)
+            held.add(limits.max_message_bytes)
             done, _ = await asyncio.wait({read}, timeout=limits.read_timeout_s)
         if not done:
             raise RequestTimeout(f"the request message did not arrive within {limits.read_timeout_s:g} s")

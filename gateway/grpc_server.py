@@ -1,7 +1,7 @@
 """The KServe v2 gRPC adapter: ``inference.GRPCInferenceService`` on a ``grpc.aio`` server.
 
 The servicer only converts (:mod:`gateway.grpc_codec`) and calls the same :class:`DataPlane`
-methods as the HTTP adapter. Errors are mapped once, by :class:`ErrorInterceptor`, from
+methods as the HTTP adapter. Errors are mapped once, by each handler's wrapper (:func:`_wrapped`), from
 :data:`naiad.errors.GRPC_CODES`; an unknown exception becomes INTERNAL with a generic message
 and its traceback goes to the log. Messages may be up to ``--grpc-max-message-size`` bytes
 each way (64 MiB by default; Triton's 2 GiB - 1 at most), read within the limits of
@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -35,10 +33,10 @@ from gateway.grpc_codec import (
     to_server_metadata,
     to_shared_memory_status,
 )
-from gateway.grpc_limits import HANDLERS_CACHED, GrpcLimits, LimitsInterceptor
+from gateway.grpc_limits import GrpcLimits, receive, reservation
 from gateway.shared_memory import shared_memory_outputs, unsupported_cuda
 from naiad import rollout
-from naiad.errors import GRPC_CODES, InvalidInput, ModelNotFound, Unauthenticated, Unsupported, as_naiad_error
+from naiad.errors import GRPC_CODES, InvalidInput, ModelNotFound, Unsupported, as_naiad_error
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +44,7 @@ SERVER_OPTIONS = [
     # Fail to start when the port is taken instead of silently sharing it.
     ("grpc.so_reuseport", 0),
 ]
+SERVICE = "inference.GRPCInferenceService"
 #: Seconds in-flight RPCs get to finish when the server stops (default of :func:`grpc_server`).
 STOP_GRACE_S = 5.0
 
@@ -60,25 +59,11 @@ def status_of(exc: Exception, method: str) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, "internal server error"
 
 
-def _guard(behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
+def _guard(behavior: Callable[..., Awaitable[Any]], method: str) -> Callable[..., Awaitable[Any]]:
     """``behavior`` with every exception turned into a status by :func:`status_of`."""
-    if inspect.isasyncgenfunction(behavior):
-
-        async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            try:
-                async for response in behavior(request, context):
-                    yield response
-            except grpc.aio.AbortError:
-                raise
-            except Exception as exc:
-                await context.abort(*status_of(exc, method))
-
-        return stream
 
     async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
-            if isinstance(request, Undecodable):
-                raise InvalidInput(request.message)
             return await behavior(request, context)
         except grpc.aio.AbortError:
             raise
@@ -88,92 +73,77 @@ def _guard(behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
     return call
 
 
-class Undecodable:
-    """What :func:`_tolerant` hands the behavior instead of a request that is not a valid
-    protobuf message, so that it is INVALID_ARGUMENT (grpc itself would answer UNKNOWN)."""
+class _CallDetails(NamedTuple):
+    """A :class:`grpc.HandlerCallDetails`: what a generic handler is asked for a method with."""
 
-    def __init__(self, message: str):
-        self.message = message
-
-
-def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
-    if deserializer is None:
-        return None
-
-    def parse(data: bytes) -> Any:
-        try:
-            return deserializer(data)
-        except DecodeError as exc:
-            return Undecodable(f"the request is not a valid protobuf message: {exc}")
-
-    return parse
+    method: str
+    invocation_metadata: tuple = ()
 
 
-class ErrorInterceptor(grpc.aio.ServerInterceptor):
-    """Wraps every method's handler so that errors map to statuses in one place."""
+def method_handlers(
+    servicer: InferenceServicer, access: AccessPolicy | None = None, limits: GrpcLimits | None = None
+) -> dict[str, grpc.RpcMethodHandler]:
+    """The service's handlers by method name, each wrapped once here (:func:`_wrapped`)
+    rather than by interceptors on every call (three async layers a call, measured in
+    docs/benchmarks.md "Stop 20"). The generated ``add_..._to_server`` hands its handlers to
+    whatever it is given; they are asked for by method name, as grpc does."""
+    generic: list[grpc.GenericRpcHandler] = []
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        if handler is None:  # unknown method: grpc answers UNIMPLEMENTED itself
-            return handler
-        return _guarded(handler, handler_call_details.method)
+    class Collect:
+        def add_generic_rpc_handlers(self, handlers: tuple[grpc.GenericRpcHandler, ...]) -> None:
+            generic.extend(handlers)
+
+        def add_registered_method_handlers(self, service: str, handlers: dict) -> None:
+            pass
+
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, Collect())
+    found = {}
+    for name in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods_by_name:
+        method = f"/{SERVICE}/{name}"
+        handler = next(h for g in generic if (h := g.service(_CallDetails(method))) is not None)
+        found[name] = _wrapped(handler, method, access, limits)
+    return found
 
 
-@functools.lru_cache(maxsize=HANDLERS_CACHED)
-def _guarded(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
-    """``handler`` with :func:`_guard` around its behavior, built once per method handler
-    (grpc hands the same handler to every call of a method)."""
-    kind = (
-        ("stream" if handler.request_streaming else "unary")
-        + "_"
-        + ("stream" if handler.response_streaming else "unary")
+def _wrapped(
+    handler: grpc.RpcMethodHandler, method: str, access: AccessPolicy | None, limits: GrpcLimits | None
+) -> grpc.RpcMethodHandler:
+    """``handler`` answering errors as statuses (:func:`_guard`), checking the call's
+    metadata against ``access`` (``--grpc-restricted-protocol``, by the method's API group)
+    before it reads any message, and, for a unary request, reading that message itself
+    within ``limits`` (:mod:`gateway.grpc_limits`: the method becomes request-streaming);
+    a message that is not valid protobuf is INVALID_ARGUMENT (grpc itself would say UNKNOWN).
+    ``ModelStreamInfer`` (request-streaming already) keeps grpc's reading: each message is
+    bounded by the largest message size, its requests by ``--max-inflight``."""
+    group = grpc_group(method)
+    check = access.check if access is not None and access.groups.get(group or "") is not None else None
+    if handler.request_streaming:
+        behavior = handler.stream_stream
+
+        async def stream(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
+            if check is not None:
+                check(group, grpc_headers(context.invocation_metadata()), grpc=True)
+            return await behavior(requests, context)
+
+        return handler._replace(stream_stream=_guard(stream, method))
+    assert not handler.response_streaming, method  # the service's only streaming method is above
+    unary, deserializer = handler.unary_unary, handler.request_deserializer
+
+    async def call(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> Any:
+        if check is not None:
+            check(group, grpc_headers(context.invocation_metadata()), grpc=True)
+        with reservation(limits) as held:
+            raw = await receive(requests, limits, held)
+            try:
+                request = deserializer(raw)
+            except DecodeError as exc:
+                raise InvalidInput(f"the request is not a valid protobuf message: {exc}") from None
+            del raw
+            return await unary(request, context)
+
+    return handler._replace(
+        request_streaming=True, request_deserializer=None, unary_unary=None, stream_unary=_guard(call, method)
     )
-    guarded = _guard(getattr(handler, kind), method)
-    if handler.request_streaming:  # a bad message in a stream: grpc's own UNKNOWN
-        return handler._replace(**{kind: guarded})
-    tolerant = _tolerant(handler.request_deserializer)
-    return handler._replace(request_deserializer=tolerant, **{kind: guarded})
-
-
-class AccessInterceptor(grpc.aio.ServerInterceptor):
-    """Checks each call's metadata against ``policy`` (``--grpc-restricted-protocol``) by
-    the method's API group (:data:`gateway.access.GRPC_GROUPS`). A refused call runs a
-    handler that raises :class:`Unauthenticated`; placed inside :class:`ErrorInterceptor`,
-    that becomes UNAUTHENTICATED there, as every other error does."""
-
-    def __init__(self, policy: AccessPolicy):
-        self._policy = policy
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return handler
-        headers = grpc_headers(handler_call_details.invocation_metadata)
-        try:
-            self._policy.check(grpc_group(handler_call_details.method), headers, grpc=True)
-        except Unauthenticated as exc:
-            return _refusing(handler, exc)
-        return handler
-
-
-def _refusing(handler: grpc.RpcMethodHandler, error: Unauthenticated) -> grpc.RpcMethodHandler:
-    """``handler`` as a request-streaming one whose behavior raises ``error`` without ever
-    iterating its requests: grpc reads none of a refused client's message."""
-
-    async def refuse(requests: Any, context: grpc.aio.ServicerContext) -> Any:
-        raise error
-
-    kind = "stream_stream" if handler.response_streaming else "stream_unary"
-    behaviors = dict.fromkeys(("unary_unary", "unary_stream", "stream_unary", "stream_stream"))
-    return handler._replace(request_streaming=True, request_deserializer=None, **{**behaviors, kind: refuse})
 
 
 def _unsupported(feature: str) -> Callable[..., Awaitable[Any]]:
@@ -348,15 +318,12 @@ async def grpc_server(
     in-flight ones ``grace_s`` seconds to finish (then cancels them). ``access`` restricts
     API groups (``--grpc-restricted-protocol``); ``limits``: message size, read timeout and
     the shared byte budget (grpc's own 4 MiB message default without)."""
-    interceptors: list[grpc.aio.ServerInterceptor] = [ErrorInterceptor()]
-    if access:
-        interceptors.append(AccessInterceptor(access))
-    if limits is not None:  # innermost: the access check sees the request-streaming handler
-        interceptors.append(LimitsInterceptor(limits))
     options = SERVER_OPTIONS + (limits.server_options() if limits is not None else [])
-    server = grpc.aio.server(interceptors=interceptors, options=options)
+    server = grpc.aio.server(options=options)
     largest = limits.max_message_bytes if limits is not None else 2**31 - 1
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(dataplane, largest), server)
+    handlers = method_handlers(InferenceServicer(dataplane, largest), access, limits)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)
     server.add_insecure_port(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
     await server.start()
     try:
