@@ -9,11 +9,12 @@ model that looks local). Response shapes follow the KServe v2 protocol's "Server
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -26,6 +27,7 @@ from gateway.registry import ModelRegistry
 from gateway.response_cache import CacheTrace, ResponseCache
 from gateway.rollouts import Rollouts
 from gateway.shared_memory import SystemSharedMemory
+from gateway.siblings import Siblings
 from naiad import __version__, logs, stats, telemetry, tracing
 from naiad.errors import (
     InvalidInput,
@@ -144,6 +146,52 @@ class DataPlane:
         self._shadows: set[asyncio.Task] = set()
         # Triton's system shared memory regions, registered with this gateway process.
         self.shared_memory = shared_memory or SystemSharedMemory(MAX_SHM_READ_BYTES)
+        #: The other gateway processes on this server's ports (None: this one alone).
+        self.siblings: Siblings | None = None
+        self.siblings_starting = False  # not ready until they serve too
+
+    def sibling_handlers(self) -> dict[str, Callable[..., Awaitable[None]]]:
+        """What another gateway process of this server may ask of this one (:mod:`gateway.siblings`)."""
+
+        async def expire() -> None:
+            self.registry.expire()
+
+        async def shm_register(name: str, key: str, offset: int, byte_size: int) -> None:
+            self.shared_memory.register(name, key, offset, byte_size)
+
+        async def shm_unregister(name: str) -> None:
+            self.shared_memory.unregister(name)
+
+        return {"flush": self.stats_writer.flush, "expire": expire, "shm_register": shm_register,
+                "shm_unregister": shm_unregister}  # fmt: skip
+
+    async def _tell_siblings(self, op: str, *args: object) -> list[str]:
+        return await self.siblings.tell(op, *args) if self.siblings is not None else []
+
+    async def flush_statistics(self) -> None:
+        """Write the statistics this process and its siblings hold (before any read of them)."""
+        await self.stats_writer.flush()
+        await self._tell_siblings("flush")
+
+    async def register_shared_memory(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        """:meth:`SystemSharedMemory.register` here and in every sibling; a region one of
+        them cannot map is unregistered everywhere and :class:`InvalidInput` says why."""
+        self.shared_memory.register(name, key, offset, byte_size)
+        errors = await self._tell_siblings("shm_register", name, key, offset, byte_size)
+        if errors:
+            with contextlib.suppress(NaiadError):
+                self.shared_memory.unregister(name)
+            await self._tell_siblings("shm_unregister", name)
+            raise InvalidInput(errors[0])
+
+    async def unregister_shared_memory(self, name: str = "") -> None:
+        """:meth:`SystemSharedMemory.unregister` here and in every sibling."""
+        try:
+            self.shared_memory.unregister(name)
+        finally:
+            errors = await self._tell_siblings("shm_unregister", name)
+        if errors:
+            raise InvalidInput(errors[0])
 
     def admit(self) -> _Admission:
         """One inference request carried by this gateway, from its first byte read to its
@@ -169,7 +217,10 @@ class DataPlane:
         return self.liveness() if self.liveness is not None else True
 
     async def ready(self) -> bool:
-        """Ready when Redis answers and the repository is reachable (models may be at zero)."""
+        """Ready when Redis answers and the repository is reachable (models may be at zero),
+        and the server's other gateway processes started (or gave up: :mod:`gateway.siblings`)."""
+        if self.siblings_starting:
+            return False
         try:
             await self.redis.ping()
             await asyncio.to_thread(self.registry.store.check)
@@ -284,7 +335,10 @@ class DataPlane:
         if config is not None and not isinstance(config, str):
             raise InvalidInput("load parameter 'config' must be a string holding a JSON model config")
         override = parse_config_json(config, name) if config else None
-        entry = await self.registry.load(name, override)
+        try:
+            entry = await self.registry.load(name, override)
+        finally:
+            await self._tell_siblings("expire")
         if entry.problem:  # not loaded, or a version failed: what served before still serves
             raise ModelNotReady(f"failed to load '{name}': {entry.problem}")
 
@@ -294,7 +348,10 @@ class DataPlane:
         self._check_model_control()
         if not isinstance(parameters.get("unload_dependents", False), bool):
             raise InvalidInput("unload parameter 'unload_dependents' must be a boolean")
-        await self.registry.unload(name)
+        try:
+            await self.registry.unload(name)
+        finally:
+            await self._tell_siblings("expire")
 
     async def infer(self, request: InferRequest, entry: ModelEntry | None = None) -> InferResponse:
         """:meth:`_infer` with the request's log context (request id: the client's ``id``, or
@@ -408,7 +465,7 @@ class DataPlane:
         else:
             await self.registry.sync()
             wanted = [(e.name, sorted(e.versions)) for e in self.registry.entries() if e.state == "READY"]
-        await self.stats_writer.flush()  # this gateway's answered requests count
+        await self.flush_statistics()  # the requests this server answered count
         try:
             return {"model_stats": await stats.read(self.redis, wanted)}
         except RedisError as exc:

@@ -40,10 +40,6 @@ from naiad.errors import GRPC_CODES, InvalidInput, ModelNotFound, Unsupported, a
 
 logger = logging.getLogger(__name__)
 
-SERVER_OPTIONS = [
-    # Fail to start when the port is taken instead of silently sharing it.
-    ("grpc.so_reuseport", 0),
-]
 SERVICE = "inference.GRPCInferenceService"
 #: Seconds in-flight RPCs get to finish when the server stops (default of :func:`grpc_server`).
 STOP_GRACE_S = 5.0
@@ -283,13 +279,13 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def SystemSharedMemoryRegister(
         self, request: pb.SystemSharedMemoryRegisterRequest, context: Any
     ) -> pb.SystemSharedMemoryRegisterResponse:
-        self._dp.shared_memory.register(request.name, request.key, request.offset, request.byte_size)
+        await self._dp.register_shared_memory(request.name, request.key, request.offset, request.byte_size)
         return pb.SystemSharedMemoryRegisterResponse()
 
     async def SystemSharedMemoryUnregister(
         self, request: pb.SystemSharedMemoryUnregisterRequest, context: Any
     ) -> pb.SystemSharedMemoryUnregisterResponse:
-        self._dp.shared_memory.unregister(request.name)  # no name: every region
+        await self._dp.unregister_shared_memory(request.name)  # no name: every region
         return pb.SystemSharedMemoryUnregisterResponse()
 
     async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
@@ -312,13 +308,16 @@ def _metadata(context: grpc.aio.ServicerContext, key: str) -> str | None:
 @contextlib.asynccontextmanager
 async def grpc_server(
     dataplane: DataPlane, host: str, port: int, grace_s: float = STOP_GRACE_S,
-    access: AccessPolicy | None = None, limits: GrpcLimits | None = None,
+    access: AccessPolicy | None = None, limits: GrpcLimits | None = None, reuse_port: bool = False,
 ) -> AsyncIterator[grpc.aio.Server]:
     """A started gRPC server on ``host:port``; on exit it refuses new RPCs at once and gives
     in-flight ones ``grace_s`` seconds to finish (then cancels them). ``access`` restricts
     API groups (``--grpc-restricted-protocol``); ``limits``: message size, read timeout and
-    the shared byte budget (grpc's own 4 MiB message default without)."""
-    options = SERVER_OPTIONS + (limits.server_options() if limits is not None else [])
+    the shared byte budget (grpc's own 4 MiB message default without). ``reuse_port``: the
+    port shared with this server's other gateway processes (:mod:`gateway.siblings`);
+    without, a port in use fails the start instead of being silently shared."""
+    options = [("grpc.so_reuseport", int(reuse_port))]
+    options += limits.server_options() if limits is not None else []
     server = grpc.aio.server(options=options)
     largest = limits.max_message_bytes if limits is not None else 2**31 - 1
     handlers = method_handlers(InferenceServicer(dataplane, largest), access, limits)

@@ -296,13 +296,13 @@ async def shm_register(request: web.Request) -> web.Response:
         raise InvalidInput("Shared memory register request: 'key' must be a string")
     byte_size = _register_field(body, "byte_size", required=True)
     offset = _register_field(body, "offset", required=False)
-    _dp(request).shared_memory.register(request.match_info["region"], body["key"], offset, byte_size)
+    await _dp(request).register_shared_memory(request.match_info["region"], body["key"], offset, byte_size)
     return web.Response(status=200)
 
 
 async def shm_unregister(request: web.Request) -> web.Response:
     """``POST /v2/systemsharedmemory[/region/{region}]/unregister``: one region, or all."""
-    _dp(request).shared_memory.unregister(request.match_info.get("region", ""))
+    await _dp(request).unregister_shared_memory(request.match_info.get("region", ""))
     return web.Response(status=200)
 
 
@@ -319,7 +319,7 @@ async def cuda_shm(request: web.Request) -> web.Response:
 async def status_page(request: web.Request) -> web.Response:
     """``GET /``: the read-only HTML status page (:mod:`gateway.status_page`)."""
     try:
-        await _dp(request).stats_writer.flush()
+        await _dp(request).flush_statistics()
         snapshot = await status_snapshot(_dp(request).redis)
     except RedisError as exc:
         raise Unavailable(f"status unavailable: {exc}") from None

@@ -11,6 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import pathlib
+import shutil
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
@@ -31,7 +34,8 @@ from gateway.metrics import create_metrics_app
 from gateway.registry import ModelRegistry, poll_repository
 from gateway.response_cache import WAIT_BLOCK_S, CacheConfig, ResponseCache
 from gateway.shared_memory import SystemSharedMemory
-from naiad import tasks
+from gateway.siblings import Siblings, control_folder, start_siblings, stop_siblings, wait_started
+from naiad import procs, tasks
 from naiad.queue_client import READER_BLOCK_S, QueueDispatcher
 from naiad.redis_client import connect
 from naiad.reply_channel import ReplyServer
@@ -43,16 +47,17 @@ logger = logging.getLogger(__name__)
 
 @contextlib.asynccontextmanager
 async def _site(
-    app: web.Application, host: str, port: int, limits: HttpLimits, **options: Any
+    app: web.Application, host: str, port: int, limits: HttpLimits, reuse_port: bool = False, **options: Any
 ) -> AsyncIterator[None]:
     """``app`` served on ``host:port`` under ``limits`` (connections, header and idle
     timeouts); on exit aiohttp closes the listening socket, then waits for in-flight
     handlers (``shutdown_timeout`` in ``options``, default 60 s). ``front`` in ``options``:
-    each connection's first protocol (:class:`LimitedAppRunner`)."""
+    each connection's first protocol (:class:`LimitedAppRunner`); ``reuse_port``: the port
+    shared with this server's other gateway processes (:mod:`gateway.siblings`)."""
     runner = LimitedAppRunner(app, limits, access_log=None, **options)
     await runner.setup()
     try:
-        await web.TCPSite(runner, host, port).start()
+        await web.TCPSite(runner, host, port, reuse_port=reuse_port or None).start()
         yield
     finally:
         await runner.cleanup()
@@ -102,9 +107,10 @@ async def _endpoints(settings: Settings, dataplane: DataPlane, limits: HttpLimit
     grpc_access = AccessPolicy(settings.grpc_restricted_protocol, "--grpc-restricted-protocol")
     app = create_app(dataplane, settings.http_max_body_bytes, http_access, limits)
     front = fast_front(dataplane, limits, http_access) if settings.http_fast_infer else None
+    shared = settings.gateway_processes > 1 or bool(settings.gateway_sibling_of)
     http = _site(
-        app, settings.http_host, settings.http_port, limits, shutdown_timeout=grace, front=front,
-        **RUNNER_OPTIONS,
+        app, settings.http_host, settings.http_port, limits, reuse_port=shared, shutdown_timeout=grace,
+        front=front, **RUNNER_OPTIONS,
     )
     rpc_limits = GrpcLimits(
         limits.budget, settings.grpc_max_message_bytes, settings.http_body_timeout_s,
@@ -112,7 +118,7 @@ async def _endpoints(settings: Settings, dataplane: DataPlane, limits: HttpLimit
     )  # fmt: skip
     rpc = grpc_server(
         dataplane, settings.http_host, settings.grpc_port, grace_s=grace, access=grpc_access,
-        limits=rpc_limits,
+        limits=rpc_limits, reuse_port=shared,
     )
     await http.__aenter__()
     try:
@@ -150,15 +156,20 @@ async def _response_cache(
 
 
 async def run_gateway(settings: Settings, redis_url: str, stop: asyncio.Event) -> None:
-    """Serve until ``stop`` is set. Indexes the repository into Redis at start."""
+    """Serve until ``stop`` is set. Indexes the repository into Redis at start (a sibling
+    process, :mod:`gateway.siblings`, reads what the first one indexed)."""
+    sibling = bool(settings.gateway_sibling_of)
     async with contextlib.AsyncExitStack() as stack:
         redis = connect(redis_url)
         stack.push_async_callback(redis.aclose)
         store = await asyncio.to_thread(open_store, settings.model_repository)
         probe = LoadProbe(settings.model_repository, settings.cache_dir, settings.cache_max_bytes)
         registry = ModelRegistry(redis, store, load_check=probe)
-        await registry.start(settings.model_control_mode, settings.load_model)
-        if settings.model_control_mode == "poll":
+        if sibling:
+            await registry.sync()
+        else:
+            await registry.start(settings.model_control_mode, settings.load_model)
+        if settings.model_control_mode == "poll" and not sibling:
             polling = poll_repository(registry, settings.repository_poll_secs)
             await stack.enter_async_context(_background(polling))
         dispatcher = await stack.enter_async_context(_dispatcher(redis, redis_url, settings))
@@ -175,15 +186,59 @@ async def run_gateway(settings: Settings, redis_url: str, stop: asyncio.Event) -
         stack.callback(dataplane.shared_memory.close)  # after the endpoints closed
         stack.push_async_callback(dataplane.close)  # after the endpoints closed
         limits = HttpLimits.from_settings(settings, ByteBudget(settings.max_buffered_bytes))
+        await stack.enter_async_context(_siblings(settings, dataplane))
         await stack.enter_async_context(_endpoints(settings, dataplane, limits))
+        if sibling:
+            logger.info("gateway process %d serving on the same ports", os.getpid())
+            procs.report_ready()  # the first process is not ready until its siblings are
+            await stop.wait()
+            return
         # /metrics is the 'metrics' API group of --http-restricted-api.
-        metrics = create_metrics_app(
-            registry, AccessPolicy(settings.http_restricted_api), dataplane.stats_writer.flush
-        )
+        access = AccessPolicy(settings.http_restricted_api)
+        metrics = create_metrics_app(registry, access, dataplane.flush_statistics)
         metrics_host = settings.metrics_address or settings.http_host
         await stack.enter_async_context(_site(metrics, metrics_host, settings.metrics_port, limits))
+        await stack.enter_async_context(_sibling_processes(settings, redis_url, dataplane))
         logger.info(
             "serving %s: HTTP on :%d, gRPC on :%d, metrics on :%d",
             settings.model_repository, settings.http_port, settings.grpc_port, settings.metrics_port,
         )
         await stop.wait()
+
+
+@contextlib.asynccontextmanager
+async def _siblings(settings: Settings, dataplane: DataPlane) -> AsyncIterator[None]:
+    """This process's control socket among the server's gateway processes, when there are
+    several (:mod:`gateway.siblings`); the first process makes their folder."""
+    if settings.gateway_processes <= 1 and not settings.gateway_sibling_of:
+        yield
+        return
+    folder = pathlib.Path(settings.gateway_sibling_of) if settings.gateway_sibling_of else control_folder()
+    siblings = Siblings(folder, dataplane.sibling_handlers())
+    await siblings.start()
+    dataplane.siblings = siblings
+    dataplane.siblings_starting = not settings.gateway_sibling_of  # until _sibling_processes saw them serve
+    try:
+        yield
+    finally:
+        dataplane.siblings = None
+        await siblings.close()
+        if not settings.gateway_sibling_of:  # the first process made the folder
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.asynccontextmanager
+async def _sibling_processes(settings: Settings, redis_url: str, dataplane: DataPlane) -> AsyncIterator[None]:
+    """The first process's siblings (``--gateway-processes``), started once its ports are
+    bound (a port in use fails here first) and stopped before it closes them."""
+    if dataplane.siblings is None:
+        yield
+        return
+    folder = dataplane.siblings.folder
+    processes = start_siblings(settings, redis_url, folder)
+    try:
+        await wait_started(processes)
+        dataplane.siblings_starting = False
+        yield
+    finally:
+        await asyncio.to_thread(stop_siblings, processes)

@@ -39,6 +39,9 @@ PARENT_PID_ENV = "NAIAD_PARENT_PID"
 REDIS_URL_ENV = "NAIAD_REDIS_URL"
 #: The inherited file descriptor a child started by :func:`spawn_python` reads its Redis URL from.
 REDIS_URL_FD_ENV = "NAIAD_REDIS_URL_FD"
+#: The inherited file descriptor a child started by :func:`spawn_python` reads its whole
+#: settings from (JSON; a gateway's sibling process: :mod:`gateway.siblings`).
+SETTINGS_FD_ENV = "NAIAD_SETTINGS_FD"
 #: The inherited pipe a child started by :func:`spawn_python` reports its readiness on.
 READY_FD_ENV = "NAIAD_READY_FD"
 _ready_fd: int | None = None
@@ -61,10 +64,12 @@ def child_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 def spawn_python(
-    args: Sequence[str], *, redis_url: str | None = None, env: Mapping[str, str] | None = None, **kwargs
-) -> subprocess.Popen:
+    args: Sequence[str], *, redis_url: str | None = None, env: Mapping[str, str] | None = None,
+    settings_json: str | None = None, **kwargs,
+) -> subprocess.Popen:  # fmt: skip
     """Start a ``naiad`` command ``args``; it adopts death-with-parent itself at start and
-    reads ``redis_url`` from an inherited pipe (:func:`take_redis_url`). ``env``: its
+    reads ``redis_url`` from an inherited pipe (:func:`take_redis_url`), ``settings_json``
+    (all its settings, secrets included) from another (:func:`take_settings_json`). ``env``: its
     environment before the secrets are taken out (default: this process's). The child can
     tell it is ready (:func:`report_ready`); :func:`became_ready` reads that here.
 
@@ -79,12 +84,10 @@ def spawn_python(
     os.set_blocking(ready_read, False)
     child[READY_FD_ENV] = str(ready_write)
     inherited.append(ready_write)
-    if redis_url is not None:
-        url_read, url_write = os.pipe()
-        os.write(url_write, redis_url.encode())  # far below a pipe's buffer: never blocks
-        os.close(url_write)
-        child[REDIS_URL_FD_ENV] = str(url_read)
-        inherited.append(url_read)
+    for variable, text in ((REDIS_URL_FD_ENV, redis_url), (SETTINGS_FD_ENV, settings_json)):
+        if text is not None:
+            child[variable] = str(_pipe_holding(text.encode()))
+            inherited.append(int(child[variable]))
     try:
         process = subprocess.Popen(list(args), env=child, pass_fds=tuple(inherited), **kwargs)
     except BaseException:
@@ -95,6 +98,16 @@ def spawn_python(
             os.close(fd)
     process.naiad_ready = [ready_read, None]  # type: ignore[attr-defined]  # fd, then the verdict
     return process
+
+
+def _pipe_holding(data: bytes) -> int:
+    """The read end of a new pipe that holds ``data`` (then its end: the write end is closed)."""
+    if len(data) > 60_000:  # a pipe's buffer (64 KiB on Linux): a longer write would block
+        raise ValueError(f"{len(data)} bytes are too many for a child's pipe")
+    read_end, write_end = os.pipe()
+    os.write(write_end, data)
+    os.close(write_end)
+    return read_end
 
 
 def take_ready_fd() -> None:
@@ -178,7 +191,17 @@ def adopt_parent_death() -> None:
 def take_redis_url() -> str | None:
     """In a child started by :func:`spawn_python`: the Redis URL its parent wrote into the
     inherited pipe (then closed), or None when there is none."""
-    fd = os.environ.pop(REDIS_URL_FD_ENV, None)
+    return _take_pipe(REDIS_URL_FD_ENV)
+
+
+def take_settings_json() -> str | None:
+    """In a child started by :func:`spawn_python`: the settings (JSON) its parent wrote into
+    the inherited pipe (then closed), or None when there is none."""
+    return _take_pipe(SETTINGS_FD_ENV)
+
+
+def _take_pipe(variable: str) -> str | None:
+    fd = os.environ.pop(variable, None)
     if fd is None:
         return None
     with os.fdopen(int(fd), "rb") as pipe:

@@ -75,6 +75,19 @@ class Settings(BaseSettings):
     or a level's ``priority_queue_policy``, where 0 means this default: a Naiad queue is
     never unbounded)."""
 
+    gateway_processes: int = Field(default=1, ge=1)
+    """Gateway processes of one ``naiad serve`` / ``naiad gateway`` on the same HTTP and gRPC
+    ports (``--gateway-processes``; ``SO_REUSEPORT``, the kernel spreads new connections over
+    them): the protocol work of one gateway is one core's at most. The first process also
+    serves the metrics port, indexes and polls the repository; the others start with it and
+    stop with it (:mod:`gateway.siblings`: statistics, model control and shared-memory
+    regions read the same from each). The per-gateway limits (``--max-inflight``,
+    ``--max-buffered-bytes``, ``--http-max-connections``) hold per process."""
+
+    gateway_sibling_of: str = ""
+    """Set only by the first gateway process for the others it starts: the folder of the
+    processes' control sockets (:mod:`gateway.siblings`). Not a flag."""
+
     max_inflight: int = Field(default=4096, ge=1)
     """Most inference requests one gateway carries at once (reading, queued, awaiting a
     reply); one more is refused at once with 503 + ``Retry-After`` / UNAVAILABLE, so the

@@ -88,6 +88,8 @@ GATEWAY_FLAGS = {
                            "/v2/health/live says not live"),
     "--max-queue-size": ("max_queue_size", int, "most requests queued per model; more: 503"),
     "--max-inflight": ("max_inflight", int, "most requests one gateway carries; more: 503"),
+    "--gateway-processes": ("gateway_processes", int, "gateway processes sharing the HTTP and gRPC ports "
+                            "(SO_REUSEPORT): one per core spreads the protocol work"),
     "--max-buffered-bytes": ("max_buffered_bytes", int, "most request bytes buffered at once, HTTP and "
                              "gRPC together; more: 503"),
     "--grpc-max-message-size": ("grpc_max_message_bytes", int, "largest gRPC message in bytes "
@@ -401,7 +403,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        settings = _settings(args, procs.take_redis_url())
+        given = procs.take_settings_json()  # a sibling gateway process (gateway.siblings)
+        settings = Settings.model_validate_json(given) if given else _settings(args, procs.take_redis_url())
         procs.forget_secrets()  # read into settings: out of the environment model code sees
         _check_access(settings)
     except ValueError as exc:  # a malformed --cache-config, --http-restricted-api ...

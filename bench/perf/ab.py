@@ -11,6 +11,9 @@ wins in every round.
     .venv/bin/python -m bench.perf.ab --tree /tmp/base --tree . --rounds 3 --duration 6
 
 Each tree runs with this checkout's ``.venv`` and its own sources first on ``PYTHONPATH``.
+One tree twice with ``--change-arg`` compares two settings instead::
+
+    .venv/bin/python -m bench.perf.ab --tree . --tree . --change-arg=--gateway-processes=2
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ KINDS = ("server", "redis-server", "worker")
 def measure(tree: Path, args: argparse.Namespace, repo: Path) -> dict:
     """One server start of ``tree``: ``--warmup`` s of load, then ``--duration`` s measured."""
     workdir = ROOT / ".bench" / "logs" / "ab" / tree.resolve().name
-    with running(start_naiad(repo, workdir, [args.model], tree=tree.resolve())) as server:
+    extra = args.change_arg if tree is args.tree[1] else []
+    with running(start_naiad(repo, workdir, [args.model], extra_args=extra, tree=tree.resolve())) as server:
         url = server.grpc_url if args.protocol == "grpc" else server.http_url
         tgt = target(url, args.model, protocol=args.protocol, encoding=args.encoding)
         series = loadgen.run(lambda: loadgen.measure(
@@ -55,6 +59,9 @@ def row(name: str, rnd: int, point: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tree", type=Path, action="append", required=True, help="a Naiad checkout (twice)")
+    p.add_argument("--change-arg", action="append", default=[],
+                   help="repeatable: a flag of the change's naiad serve only, e.g. "
+                   "--change-arg=--gateway-processes=2 (with --tree . twice: one tree, two settings)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--model", default="digits")
     p.add_argument("--concurrency", type=int, default=32)

@@ -6,7 +6,8 @@ turns the two into per-request figures, given the requests completed in between:
 
 - ``cpu_us_per_request``: CPU µs (user + system) per completed request, per process kind of
   the server's tree (:func:`kind_of`): ``server`` (the root: Naiad's gateway with its scaler,
-  ``tritonserver``, ...), ``redis-server``, ``worker`` (``naiad worker`` processes),
+  and its sibling gateway processes, ``--gateway-processes``; ``tritonserver``, ...),
+  ``redis-server``, ``worker`` (``naiad worker`` processes),
   ``python stub`` (Triton's Python-backend stub), ``other``;
 - ``redis``: for a tree with a ``redis-server``, commands and *read events* per request
   (``INFO stats``: ``total_commands_processed``, and ``total_reads_processed``, one per
@@ -48,6 +49,8 @@ def kind_of(process: psutil.Process, root_pid: int) -> str:
         return "python stub"
     if "worker" in args and any("naiad" in a for a in args):
         return "worker"
+    if "gateway" in args and any("naiad" in a for a in args):  # --gateway-processes' siblings
+        return "server"
     return "other"
 
 

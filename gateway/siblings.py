@@ -1,0 +1,167 @@
+"""Gateway processes of one server on the same ports (``--gateway-processes N``).
+
+One gateway process does the protocol work of a server on one core at most (its event loop).
+With ``N > 1`` the first process (the one ``naiad serve`` or ``naiad gateway`` runs) binds
+HTTP and gRPC with ``SO_REUSEPORT``, then starts ``N - 1`` *siblings* on the same ports
+(:func:`start_siblings`); the kernel spreads new connections over the processes
+(``socket(7)``: ``SO_REUSEPORT``). Each sibling is a whole gateway on the same Redis, as the
+design's "any number of gateways" are, except that the first one alone indexes and polls the
+repository and serves the metrics port; it gets its settings, secrets included, through an
+inherited pipe (:func:`naiad.procs.spawn_python`) and dies with the first
+(``PR_SET_PDEATHSIG``); one that exits is not started again (the others keep the ports).
+
+A client must still see one server, whichever process each of its connections reaches. What
+a gateway keeps in its own memory is made the same by a control socket per process, in a
+private folder (``<pid>.sock``): before it answers, the process that serves a call asks every
+other one (:meth:`Siblings.tell`) and waits for each answer:
+
+- ``flush`` before a statistics read (statistics extension, ``/metrics``, status page): the
+  counters a sibling holds for up to :data:`naiad.stats_writer.LINGER_S` are written first;
+- ``expire`` after model control (load, unload): each re-reads the registry (it would within
+  :data:`gateway.registry.SYNC_INTERVAL_S` by itself);
+- ``shm_register`` / ``shm_unregister``: each process maps a system shared-memory region
+  itself; a region one of them cannot map is unregistered everywhere and the call fails.
+
+Frames both ways: a 4-byte big-endian length, then msgpack: ``[op, [args...]]`` asked, the
+error text or nil answered. A sibling that does not answer within :data:`ANSWER_TIMEOUT_S`
+(or whose socket is gone: it died) is logged and skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import pathlib
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+
+import msgpack
+
+from naiad import procs
+from naiad.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+FRAME = struct.Struct(">I")
+#: Seconds a process waits for a sibling's answer before it goes on without it.
+ANSWER_TIMEOUT_S = 5.0
+#: Seconds the first process waits for its siblings to serve before it reports ready anyway.
+START_TIMEOUT_S = 60.0
+#: Largest control frame (a region's name and key are the longest arguments).
+MAX_FRAME_BYTES = 64 * 1024
+
+Handler = Callable[..., Awaitable[None]]
+
+
+class Siblings:
+    """This process's control socket in ``folder`` (serving ``handlers`` by op name) and the
+    way to ask the others (:meth:`tell`)."""
+
+    def __init__(self, folder: pathlib.Path, handlers: dict[str, Handler]):
+        self.folder, self.handlers = folder, handlers
+        self.path = folder / f"{os.getpid()}.sock"
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_unix_server(self._serve, path=str(self.path))
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+
+    async def tell(self, op: str, *args: object) -> list[str]:
+        """Ask every other process to do ``op`` and wait for all: the errors they answered
+        (empty when every one did it; one that did not answer is logged, not counted)."""
+        others = [path for path in self.folder.glob("*.sock") if path != self.path]
+        answers = await asyncio.gather(*(self._ask(path, op, args) for path in others))
+        return [error for error in answers if error]
+
+    async def _ask(self, path: pathlib.Path, op: str, args: tuple) -> str | None:
+        try:
+            async with asyncio.timeout(ANSWER_TIMEOUT_S):
+                reader, writer = await asyncio.open_unix_connection(str(path))
+                try:
+                    writer.write(_frame([op, list(args)]))
+                    return await _read_frame(reader)
+                finally:
+                    writer.close()
+        except (OSError, TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
+            logger.warning("gateway process %s did not answer '%s': %r", path.stem, op, exc)
+            return None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                op, args = await _read_frame(reader)
+                try:
+                    await self.handlers[op](*args)
+                    error = None
+                except Exception as exc:  # answered to the asking process, which fails its call
+                    error = str(exc) or type(exc).__name__
+                writer.write(_frame(error))
+        except (asyncio.IncompleteReadError, ConnectionError, ValueError, KeyError, TypeError):
+            pass  # the asking process is done (or sent what no sibling sends)
+        finally:
+            writer.close()
+
+
+def _frame(value: object) -> bytes:
+    body = msgpack.packb(value)
+    return FRAME.pack(len(body)) + body
+
+
+async def _read_frame(reader: asyncio.StreamReader) -> object:
+    (length,) = FRAME.unpack(await reader.readexactly(FRAME.size))
+    if length > MAX_FRAME_BYTES:
+        raise ValueError(f"a control frame of {length} bytes")
+    return msgpack.unpackb(await reader.readexactly(length))
+
+
+def control_folder() -> pathlib.Path:
+    """A new private folder for the processes' control sockets (mode 0700)."""
+    return pathlib.Path(tempfile.mkdtemp(prefix="naiad-gateways-"))
+
+
+def start_siblings(settings: Settings, redis_url: str, folder: pathlib.Path) -> list[subprocess.Popen]:
+    """Start ``settings.gateway_processes - 1`` sibling gateways on the same ports (module
+    doc), each told ``folder``; they die with this process."""
+    sibling = settings.model_copy(update={"redis_url": redis_url, "gateway_sibling_of": str(folder)})
+    text = sibling.model_dump_json()
+    command = [sys.executable, "-m", "naiad_cli", "gateway"]
+    return [procs.spawn_python(command, settings_json=text) for _ in range(settings.gateway_processes - 1)]
+
+
+async def wait_started(processes: list[subprocess.Popen], timeout_s: float = START_TIMEOUT_S) -> None:
+    """Until each sibling reports it serves (:func:`naiad.procs.report_ready`), exited, or
+    ``timeout_s`` passed (those not serving by then are logged; the others keep the ports)."""
+    deadline = time.monotonic() + timeout_s
+    waiting = list(processes)
+    while waiting and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+        for process in list(waiting):
+            verdict = procs.became_ready(process)
+            if verdict is not None:
+                waiting.remove(process)
+                if not verdict:
+                    code = process.poll()
+                    logger.error("gateway process %d exited before it served (code %s)", process.pid, code)
+    for process in waiting:
+        logger.error("gateway process %d did not serve within %g s", process.pid, timeout_s)
+
+
+def stop_siblings(processes: list[subprocess.Popen]) -> None:
+    """SIGTERM each sibling (they drain as a gateway does) and wait for all."""
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    for process in processes:
+        procs.stop(process)

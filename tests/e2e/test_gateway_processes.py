@@ -1,0 +1,150 @@
+"""``--gateway-processes 2`` end to end (:mod:`gateway.siblings`): a real ``naiad serve``
+whose two gateway processes share its HTTP and gRPC ports. Every call here goes on a new
+connection, which the kernel gives to either process, and the server must look like one:
+the statistics count every request whichever process answered it, model control and
+shared-memory regions are seen by every connection at once, and the second process dies
+with the first."""
+
+from __future__ import annotations
+
+import signal
+import uuid
+
+import numpy as np
+import psutil
+import pytest
+import requests
+import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as shm
+from naiad_harness import run_server, wait_for
+
+ARGS = ["--gateway-processes", "2", "--model-control-mode", "explicit", "--load-model", "digits"]
+#: Calls made on new connections: all on one process would happen with probability 2^-(N-1).
+FRESH = 24
+
+
+@pytest.fixture(scope="module")
+def serve(example_repository, tmp_path_factory):
+    with run_server(example_repository, tmp_path_factory.mktemp("gateways"), extra_args=ARGS) as server:
+        yield server
+
+
+def gateways(server) -> list[psutil.Process]:
+    """The server's gateway processes: ``naiad serve`` itself and its sibling (a child
+    running ``naiad_cli gateway``)."""
+    parent = psutil.Process(server.process.pid)
+    return [parent, *(c for c in parent.children() if "gateway" in c.cmdline())]
+
+
+def body(x: np.ndarray) -> dict:
+    tensor = {"name": "input", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}
+    return {"inputs": [tensor], "outputs": [{"name": "label"}]}
+
+
+def infer(server, x: np.ndarray) -> np.ndarray:
+    """One inference on a new connection (``requests`` without a session opens one a call)."""
+    response = requests.post(f"{server.http}/v2/models/digits/infer", json=body(x), timeout=30)
+    assert response.status_code == 200, response.text
+    return np.array(response.json()["outputs"][0]["data"])
+
+
+def stats(server) -> dict:
+    response = requests.get(f"{server.http}/v2/models/digits/stats", timeout=30)
+    assert response.status_code == 200, response.text
+    return response.json()["model_stats"][0]
+
+
+def test_both_processes_hold_connections_and_answer_right(serve, digits_holdout, digits_onnx):
+    processes = gateways(serve)
+    assert len(processes) == 2, processes
+    sibling = processes[1]  # its settings came through a pipe: no Redis URL where ps shows it
+    assert sibling.cmdline()[1:] == ["-m", "naiad_cli", "gateway"]
+    assert not [v for v in sibling.environ().values() if "redis://" in v or "unix://" in v]
+    sessions = [requests.Session() for _ in range(FRESH)]
+    x = digits_holdout[0][:2]
+    want = digits_onnx.run(["label"], {"input": x})[0].ravel()
+    try:
+        for session in sessions:  # each opens its connection and keeps it
+            answer = session.post(f"{serve.http}/v2/models/digits/infer", json=body(x), timeout=30).json()
+            np.testing.assert_array_equal(answer["outputs"][0]["data"], want)
+        port = int(serve.http.rsplit(":", 1)[1])
+        held = [[c for c in p.net_connections("tcp") if c.laddr.port == port] for p in processes]
+        holding = [sum(1 for c in cs if c.status == psutil.CONN_ESTABLISHED) for cs in held]
+        assert sum(holding) == FRESH and all(holding), holding
+    finally:
+        for session in sessions:
+            session.close()
+
+
+def test_statistics_count_every_process_s_requests(serve, digits_holdout, digits_onnx):
+    """Counters a process holds for a few ms before writing them are written before any
+    process answers a statistics read: each read, on a new connection, counts all."""
+    before = stats(serve)
+    x = digits_holdout[0]
+    want = digits_onnx.run(["label"], {"input": x[:FRESH]})[0].ravel()
+    for i in range(FRESH):
+        np.testing.assert_array_equal(infer(serve, x[i : i + 1]), want[i : i + 1])
+    for _ in range(6):
+        after = stats(serve)
+        assert after["inference_count"] - before["inference_count"] == FRESH
+        success = after["inference_stats"]["success"]["count"] - before["inference_stats"]["success"]["count"]
+        assert success == FRESH
+
+
+def test_model_control_is_seen_by_every_connection_at_once(serve, digits_holdout):
+    ready = f"{serve.http}/v2/models/digits/ready"
+    unload = requests.post(f"{serve.http}/v2/repository/models/digits/unload", timeout=60)
+    assert unload.status_code == 200, unload.text
+    try:
+        assert [requests.get(ready, timeout=10).status_code for _ in range(8)] == [400] * 8
+        for _ in range(8):  # an unloaded model is unknown (Triton: 404 / NOT_FOUND)
+            refused = requests.post(f"{serve.http}/v2/models/digits/infer", json=body(digits_holdout[0][:1]),
+                                    timeout=10)  # fmt: skip
+            assert refused.status_code == 404 and "error" in refused.json(), refused.text
+    finally:
+        load = requests.post(f"{serve.http}/v2/repository/models/digits/load", timeout=120)
+    assert load.status_code == 200, load.text
+    assert [requests.get(ready, timeout=10).status_code for _ in range(8)] == [200] * 8
+    infer(serve, digits_holdout[0][:1])
+
+
+def test_shared_memory_regions_are_every_process_s(serve, digits_holdout, digits_onnx):
+    """A region registered on one connection serves inputs on every other; one unregistered
+    is gone from all; a region no process can map is registered on none."""
+    rows = 2
+    key = f"/naiad_test_{uuid.uuid4().hex[:12]}"
+    handle = shm.create_shared_memory_region("gwp_in", key, rows * 64 * 4)
+    try:
+        x = np.ascontiguousarray(digits_holdout[0][:rows], dtype=np.float32)
+        shm.set_shared_memory_region(handle, [x])
+        register = httpclient.InferenceServerClient(serve.url)
+        register.register_system_shared_memory("gwp_in", key, rows * 64 * 4)
+        register.close()
+        want = digits_onnx.run(["label"], {"input": x})[0]
+        for _ in range(FRESH // 2):
+            client = httpclient.InferenceServerClient(serve.url)  # a new connection each
+            tensor = httpclient.InferInput("input", [rows, 64], "FP32")
+            tensor.set_shared_memory("gwp_in", rows * 64 * 4)
+            np.testing.assert_array_equal(client.infer("digits", [tensor]).as_numpy("label"), want)
+            client.close()
+        gone = requests.post(f"{serve.http}/v2/systemsharedmemory/region/gwp_in/unregister", timeout=10)
+        assert gone.status_code == 200, gone.text
+        status = f"{serve.http}/v2/systemsharedmemory/status"
+        assert [requests.get(status, timeout=10).json() for _ in range(6)] == [[]] * 6
+        bad = requests.post(f"{serve.http}/v2/systemsharedmemory/region/nope/register",
+                            json={"key": "/naiad_no_such_object", "byte_size": 64}, timeout=10)  # fmt: skip
+        assert bad.status_code == 400 and "error" in bad.json()
+        assert [requests.get(status, timeout=10).json() for _ in range(6)] == [[]] * 6
+    finally:
+        shm.destroy_shared_memory_region(handle)
+
+
+def test_the_second_process_dies_with_the_first(example_repository, tmp_path):
+    """``naiad serve`` killed (SIGKILL: no shutdown path runs): its sibling gateway exits too
+    (and every other child: the harness's stop checks that none is left)."""
+    with run_server(example_repository, tmp_path / "server", extra_args=ARGS) as server:
+        first, second = gateways(server)
+        first.send_signal(signal.SIGKILL)
+        server.process.wait(10)
+        wait_for(lambda: not second.is_running() or second.status() == psutil.STATUS_ZOMBIE, 10,
+                 "the sibling gateway to exit")  # fmt: skip
