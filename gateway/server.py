@@ -241,4 +241,4 @@ async def _sibling_processes(settings: Settings, redis_url: str, dataplane: Data
         dataplane.siblings_starting = False
         yield
     finally:
-        await asyncio.to_thread(stop_siblings, processes)
+        await asyncio.to_thread(stop_siblings, processes, settings.shutdown_grace_s)

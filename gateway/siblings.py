@@ -53,6 +53,8 @@ FRAME = struct.Struct(">I")
 ANSWER_TIMEOUT_S = 5.0
 #: Seconds the first process waits for its siblings to serve before it reports ready anyway.
 START_TIMEOUT_S = 60.0
+#: Seconds a stopping sibling may take beyond its in-flight grace before it is killed.
+STOP_MARGIN_S = 10.0
 #: Largest control frame (a region's name and key are the longest arguments).
 MAX_FRAME_BYTES = 64 * 1024
 
@@ -158,10 +160,11 @@ async def wait_started(processes: list[subprocess.Popen], timeout_s: float = STA
         logger.error("gateway process %d did not serve within %g s", process.pid, timeout_s)
 
 
-def stop_siblings(processes: list[subprocess.Popen]) -> None:
-    """SIGTERM each sibling (they drain as a gateway does) and wait for all."""
+def stop_siblings(processes: list[subprocess.Popen], grace_s: float) -> None:
+    """SIGTERM each sibling (they drain as a gateway does: ``grace_s`` for their in-flight
+    requests) and wait for all; SIGKILL one still there :data:`STOP_MARGIN_S` after that."""
     for process in processes:
         if process.poll() is None:
             process.terminate()
     for process in processes:
-        procs.stop(process)
+        procs.stop(process, timeout_s=grace_s + STOP_MARGIN_S)
