@@ -34,7 +34,14 @@ from gateway.metrics import create_metrics_app
 from gateway.registry import ModelRegistry, poll_repository
 from gateway.response_cache import WAIT_BLOCK_S, CacheConfig, ResponseCache
 from gateway.shared_memory import SystemSharedMemory
-from gateway.siblings import Siblings, control_folder, start_siblings, stop_siblings, wait_started
+from gateway.siblings import (
+    Siblings,
+    control_folder,
+    start_siblings,
+    stop_siblings,
+    wait_started,
+    watch_siblings,
+)
 from naiad import procs, tasks
 from naiad.queue_client import READER_BLOCK_S, QueueDispatcher
 from naiad.redis_client import connect
@@ -239,6 +246,7 @@ async def _sibling_processes(settings: Settings, redis_url: str, dataplane: Data
     try:
         await wait_started(processes)
         dataplane.siblings_starting = False
-        yield
+        async with _background(watch_siblings(processes)):
+            yield
     finally:
         await asyncio.to_thread(stop_siblings, processes, settings.shutdown_grace_s)

@@ -23,8 +23,9 @@ other one (:meth:`Siblings.tell`) and waits for each answer:
   itself; a region one of them cannot map is unregistered everywhere and the call fails.
 
 Frames both ways: a 4-byte big-endian length, then msgpack: ``[op, [args...]]`` asked, the
-error text or nil answered. A sibling that does not answer within :data:`ANSWER_TIMEOUT_S`
-(or whose socket is gone: it died) is logged and skipped.
+error text or nil answered. A sibling that does not answer within :data:`ANSWER_TIMEOUT_S` is
+logged and skipped; one that refuses the connection died (SIGKILL leaves its socket file):
+its file is removed, once.
 """
 
 from __future__ import annotations
@@ -96,6 +97,11 @@ class Siblings:
                     return await _read_frame(reader)
                 finally:
                     writer.close()
+        except (ConnectionRefusedError, FileNotFoundError):  # it exited: its socket file is stale
+            with contextlib.suppress(OSError):
+                path.unlink()
+            logger.warning("gateway process %s is gone (asked '%s'): its socket is removed", path.stem, op)
+            return None
         except (OSError, TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
             logger.warning("gateway process %s did not answer '%s': %r", path.stem, op, exc)
             return None
@@ -158,6 +164,18 @@ async def wait_started(processes: list[subprocess.Popen], timeout_s: float = STA
                     logger.error("gateway process %d exited before it served (code %s)", process.pid, code)
     for process in waiting:
         logger.error("gateway process %d did not serve within %g s", process.pid, timeout_s)
+
+
+async def watch_siblings(processes: list[subprocess.Popen], period_s: float = 1.0) -> None:
+    """Log each sibling that exits while the server runs (and reap it); it is not started
+    again: the others keep the ports (module doc)."""
+    running = list(processes)
+    while running:
+        await asyncio.sleep(period_s)
+        for process in [p for p in running if p.poll() is not None]:
+            running.remove(process)
+            logger.error("gateway process %d exited (code %s); the others serve its share", process.pid,
+                         process.returncode)  # fmt: skip
 
 
 def stop_siblings(processes: list[subprocess.Popen], grace_s: float) -> None:

@@ -148,3 +148,21 @@ def test_the_second_process_dies_with_the_first(example_repository, tmp_path):
         server.process.wait(10)
         wait_for(lambda: not second.is_running() or second.status() == psutil.STATUS_ZOMBIE, 10,
                  "the sibling gateway to exit")  # fmt: skip
+
+
+def test_a_killed_sibling_leaves_the_first_serving(example_repository, tmp_path, digits_holdout, digits_onnx):
+    """The sibling killed (SIGKILL: its socket file stays): the ports keep being served by the
+    first process, and its statistics reads go on (the dead sibling's socket is dropped)."""
+    with run_server(example_repository, tmp_path / "server", extra_args=ARGS) as server:
+        _, second = gateways(server)
+        second.send_signal(signal.SIGKILL)
+        wait_for(lambda: not second.is_running() or second.status() == psutil.STATUS_ZOMBIE, 10,
+                 "the sibling gateway to exit")  # fmt: skip
+        x = digits_holdout[0][:1]
+        want = digits_onnx.run(["label"], {"input": x})[0].ravel()
+        before = stats(server)
+        for _ in range(4):
+            np.testing.assert_array_equal(infer(server, x), want)
+        assert stats(server)["inference_count"] - before["inference_count"] == 4
+        assert "is gone (asked 'flush')" in server.log()
+        wait_for(lambda: "exited (code -9)" in server.log(), 10, "the first process to see it exit")
