@@ -159,11 +159,14 @@ class DataPlane:
         async def shm_register(name: str, key: str, offset: int, byte_size: int) -> None:
             self.shared_memory.register(name, key, offset, byte_size)
 
-        async def shm_unregister(name: str) -> None:
-            self.shared_memory.unregister(name)
+        async def shm_busy(name: str) -> list[str]:
+            return self.shared_memory.busy(name)
+
+        async def shm_unregister(name: str, busy_elsewhere: list[str]) -> None:
+            self.shared_memory.unregister(name, busy_elsewhere)
 
         return {"flush": self.stats_writer.flush, "expire": expire, "shm_register": shm_register,
-                "shm_unregister": shm_unregister}  # fmt: skip
+                "shm_busy": shm_busy, "shm_unregister": shm_unregister}  # fmt: skip
 
     async def _tell_siblings(self, op: str, *args: object) -> list[str]:
         return await self.siblings.tell(op, *args) if self.siblings is not None else []
@@ -181,17 +184,21 @@ class DataPlane:
         if errors:
             with contextlib.suppress(NaiadError):
                 self.shared_memory.unregister(name)
-            await self._tell_siblings("shm_unregister", name)
+            await self._tell_siblings("shm_unregister", name, [])
             raise InvalidInput(errors[0])
 
     async def unregister_shared_memory(self, name: str = "") -> None:
-        """:meth:`SystemSharedMemory.unregister` here and in every sibling."""
+        """:meth:`SystemSharedMemory.unregister` here and in every sibling, each keeping the
+        regions a request uses in any of them (so all keep the same regions); raises
+        :class:`InvalidInput` naming those, as one process does."""
+        busy = set(self.shared_memory.busy(name))
+        if self.siblings is not None:
+            for error, names in await self.siblings.ask("shm_busy", name):
+                busy.update(names if error is None else ())
         try:
-            self.shared_memory.unregister(name)
+            self.shared_memory.unregister(name, busy)
         finally:
-            errors = await self._tell_siblings("shm_unregister", name)
-        if errors:
-            raise InvalidInput(errors[0])
+            await self._tell_siblings("shm_unregister", name, sorted(busy))
 
     def admit(self) -> _Admission:
         """One inference request carried by this gateway, from its first byte read to its

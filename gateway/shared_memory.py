@@ -23,7 +23,7 @@ import contextlib
 import os
 import stat
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -177,14 +177,21 @@ class SystemSharedMemory:
         region.closer = weakref.finalize(region, os.close, region.fd)
         self._regions[name] = region
 
-    def unregister(self, name: str = "") -> None:
-        """Unmap region ``name`` (unknown: nothing happens, as in Triton), or every region
-        when ``name`` is empty. A region a request is using stays, with InvalidInput."""
+    def busy(self, name: str = "") -> list[str]:
+        """The regions among ``name`` (empty: all) that a request is using now."""
         names = [name] if name else list(self._regions)
-        busy = [n for n in names if n in self._regions and self._regions[n].users]
+        return [n for n in names if n in self._regions and self._regions[n].users]
+
+    def unregister(self, name: str = "", busy_elsewhere: Collection[str] = ()) -> None:
+        """Unmap region ``name`` (unknown: nothing happens, as in Triton), or every region
+        when ``name`` is empty. A region a request is using stays, with InvalidInput, as does
+        one in ``busy_elsewhere`` (in use in another gateway process: :mod:`gateway.siblings`)."""
+        names = [name] if name else list(self._regions)
+        held = set(self.busy(name)) | set(busy_elsewhere)
+        busy = [n for n in names if n in self._regions and n in held]
         for each in names:
             region = self._regions.get(each)
-            if region is not None and not region.users:
+            if region is not None and each not in held:
                 del self._regions[each]
                 region.close()
         if name and busy:

@@ -20,10 +20,12 @@ other one (:meth:`Siblings.tell`) and waits for each answer:
 - ``expire`` after model control (load, unload): each re-reads the registry (it would within
   :data:`gateway.registry.SYNC_INTERVAL_S` by itself);
 - ``shm_register`` / ``shm_unregister``: each process maps a system shared-memory region
-  itself; a region one of them cannot map is unregistered everywhere and the call fails.
+  itself; a region one of them cannot map is unregistered everywhere and the call fails; an
+  unregister first asks each which regions a request is using there (``shm_busy``), and every
+  process keeps those (a region in use anywhere stays registered everywhere).
 
-Frames both ways: a 4-byte big-endian length, then msgpack: ``[op, [args...]]`` asked, the
-error text or nil answered. A sibling that does not answer within :data:`ANSWER_TIMEOUT_S` is
+Frames both ways: a 4-byte big-endian length, then msgpack: ``[op, [args...]]`` asked,
+``[error text or nil, value]`` answered. A sibling that does not answer within :data:`ANSWER_TIMEOUT_S` is
 logged and skipped; one that refuses the connection died (SIGKILL leaves its socket file):
 its file is removed, once.
 """
@@ -41,6 +43,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import msgpack
 
@@ -59,7 +62,7 @@ STOP_MARGIN_S = 10.0
 #: Largest control frame (a region's name and key are the longest arguments).
 MAX_FRAME_BYTES = 64 * 1024
 
-Handler = Callable[..., Awaitable[None]]
+Handler = Callable[..., Awaitable[Any]]
 
 
 class Siblings:
@@ -84,11 +87,16 @@ class Siblings:
     async def tell(self, op: str, *args: object) -> list[str]:
         """Ask every other process to do ``op`` and wait for all: the errors they answered
         (empty when every one did it; one that did not answer is logged, not counted)."""
+        return [error for error, _ in await self.ask(op, *args) if error]
+
+    async def ask(self, op: str, *args: object) -> list[tuple[str | None, Any]]:
+        """Ask every other process to do ``op`` and wait for all: ``(error, value)`` of each
+        that answered (its handler's error text, or None and what it returned)."""
         others = [path for path in self.folder.glob("*.sock") if path != self.path]
         answers = await asyncio.gather(*(self._ask(path, op, args) for path in others))
-        return [error for error in answers if error]
+        return [(answer[0], answer[1]) for answer in answers if answer is not None]
 
-    async def _ask(self, path: pathlib.Path, op: str, args: tuple) -> str | None:
+    async def _ask(self, path: pathlib.Path, op: str, args: tuple) -> Any:
         try:
             async with asyncio.timeout(ANSWER_TIMEOUT_S):
                 reader, writer = await asyncio.open_unix_connection(str(path))
@@ -111,11 +119,10 @@ class Siblings:
             while True:
                 op, args = await _read_frame(reader)
                 try:
-                    await self.handlers[op](*args)
-                    error = None
+                    answer = [None, await self.handlers[op](*args)]
                 except Exception as exc:  # answered to the asking process, which fails its call
-                    error = str(exc) or type(exc).__name__
-                writer.write(_frame(error))
+                    answer = [str(exc) or type(exc).__name__, None]
+                writer.write(_frame(answer))
         except (asyncio.IncompleteReadError, ConnectionError, ValueError, KeyError, TypeError):
             pass  # the asking process is done (or sent what no sibling sends)
         finally:

@@ -8,6 +8,7 @@ with the first."""
 from __future__ import annotations
 
 import signal
+import time
 import uuid
 
 import numpy as np
@@ -134,6 +135,44 @@ def test_shared_memory_regions_are_every_process_s(serve, digits_holdout, digits
         bad = requests.post(f"{serve.http}/v2/systemsharedmemory/region/nope/register",
                             json={"key": "/naiad_no_such_object", "byte_size": 64}, timeout=10)  # fmt: skip
         assert bad.status_code == 400 and "error" in bad.json()
+        assert [requests.get(status, timeout=10).json() for _ in range(6)] == [[]] * 6
+    finally:
+        shm.destroy_shared_memory_region(handle)
+
+
+def test_a_region_in_use_in_one_process_stays_registered_in_all(serve, digits_holdout):
+    """A request holds its output region (its worker frozen); an unregister of that region,
+    or of all, on any connection is refused as in one process (400 naming it), and every
+    process keeps the region; once the request is answered, the unregister goes through."""
+    rows, size = 1, 80  # one row's probabilities
+    key = f"/naiad_test_{uuid.uuid4().hex[:12]}"
+    handle = shm.create_shared_memory_region("gwp_out", key, size)
+    status = f"{serve.http}/v2/systemsharedmemory/status"
+    try:
+        client = httpclient.InferenceServerClient(serve.url, network_timeout=60)
+        client.register_system_shared_memory("gwp_out", key, size)
+        infer(serve, digits_holdout[0][:1])  # a worker up (the one to freeze)
+        (worker,) = wait_for(lambda: serve.worker_processes("digits"), 30, "the digits worker")
+        tensor = httpclient.InferInput("input", [rows, 64], "FP32")
+        tensor.set_data_from_numpy(np.ascontiguousarray(digits_holdout[0][:rows], dtype=np.float32))
+        output = httpclient.InferRequestedOutput("probabilities")
+        output.set_shared_memory("gwp_out", size)
+        worker.send_signal(signal.SIGSTOP)
+        try:
+            pending = client.async_infer("digits", [tensor], outputs=[output])
+            time.sleep(0.5)  # the request holds its region in the process that took it
+            for path in ("region/gwp_out/unregister", "unregister"):
+                for _ in range(4):
+                    answer = requests.post(f"{serve.http}/v2/systemsharedmemory/{path}", timeout=10)
+                    assert answer.status_code == 400 and "gwp_out" in answer.json()["error"], answer.text
+            names = [[r["name"] for r in requests.get(status, timeout=10).json()] for _ in range(8)]
+            assert names == [["gwp_out"]] * 8
+        finally:
+            worker.send_signal(signal.SIGCONT)
+        assert pending.get_result().get_output("probabilities")["shape"] == [rows, 10]
+        client.close()
+        gone = requests.post(f"{serve.http}/v2/systemsharedmemory/region/gwp_out/unregister", timeout=10)
+        assert gone.status_code == 200, gone.text
         assert [requests.get(status, timeout=10).json() for _ in range(6)] == [[]] * 6
     finally:
         shm.destroy_shared_memory_region(handle)
