@@ -210,6 +210,8 @@ class Worker:
         self._take_handed()
         if remaining <= 0 and not len(self.batcher) and self._claiming is None:
             return await self._leave_if_idle()
+        if self._claiming is not None and self._claiming.done():  # its entries are ours: held,
+            await self._collect(wait=False)  # not a dead worker's for the reclaim pass
         self.batcher.add(await self._reclaim())
         if self._claimed_at is not None:  # this turn's claim went out with the last replies
             self._claimed_at = None

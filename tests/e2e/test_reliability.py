@@ -46,8 +46,8 @@ def json_body(x: np.ndarray) -> dict:
                         "data": x.flatten().tolist()}]}  # fmt: skip
 
 
-def model_stats(server) -> dict:
-    body = requests.get(f"{server.http}/v2/models/digits/stats", timeout=5).json()
+def model_stats(server, model: str = "digits") -> dict:
+    body = requests.get(f"{server.http}/v2/models/{model}/stats", timeout=5).json()
     return body["model_stats"][0]
 
 
@@ -338,3 +338,45 @@ def _answers(url: str) -> bool:
     except requests.ConnectionError:
         return False
     return True
+
+
+SLOW_PY = """
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        time.sleep(1.0)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN")
+                .as_numpy())]) for r in requests]
+"""
+
+
+def test_a_slow_models_own_claims_are_not_reclaimed_as_a_dead_workers(tmp_path, naiad_server):
+    """A 1 s model, no batching, requests queued behind it, heartbeats every 0.5 s: what the
+    worker claimed with its replies while a request ran (idle past the reclaim's threshold) is
+    its own, not a dead worker's: no request counts a lost delivery, each runs once."""
+    model = tmp_path / "models" / "slow"
+    (model / "1").mkdir(parents=True)
+    (model / "1" / "model.py").write_text(SLOW_PY)
+    tensors = ['input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]',
+               'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]']  # fmt: skip
+    (model / "config.pbtxt").write_text("\n".join(['backend: "python"', "max_batch_size: 0", *tensors]))
+    server = naiad_server(repository=tmp_path / "models", extra_env={"NAIAD_HEARTBEAT_S": "0.5"})
+    body = lambda i: {"inputs": [{"name": "IN", "shape": [1], "datatype": "INT32", "data": [i]}]}  # noqa: E731
+    url = f"{server.http}/v2/models/slow/infer"
+    assert requests.post(url, json=body(0), timeout=60).status_code == 200  # a warm worker
+    answers: dict[int, object] = {}
+
+    def call(i: int) -> None:
+        answers[i] = requests.post(url, json=body(i), timeout=60)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(1, 5)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert {i: a.json()["outputs"][0]["data"] for i, a in answers.items()} == {i: [i] for i in range(1, 5)}
+    assert "reclaimed a request left by a dead worker" not in server.log()
+    assert model_stats(server, "slow")["execution_count"] == 5
