@@ -8,6 +8,7 @@ with the first."""
 from __future__ import annotations
 
 import signal
+import threading
 import time
 import uuid
 
@@ -157,10 +158,18 @@ def test_a_region_in_use_in_one_process_stays_registered_in_all(serve, digits_ho
         tensor.set_data_from_numpy(np.ascontiguousarray(digits_holdout[0][:rows], dtype=np.float32))
         output = httpclient.InferRequestedOutput("probabilities")
         output.set_shared_memory("gwp_out", size)
+        results: list = []
+
+        def call() -> None:  # a client of its own on its own thread (gevent inside)
+            caller = httpclient.InferenceServerClient(serve.url, network_timeout=60)
+            results.append(caller.infer("digits", [tensor], outputs=[output]))
+            caller.close()
+
         worker.send_signal(signal.SIGSTOP)
+        thread = threading.Thread(target=call)
         try:
-            pending = client.async_infer("digits", [tensor], outputs=[output])
-            time.sleep(0.5)  # the request holds its region in the process that took it
+            thread.start()
+            time.sleep(1.0)  # the request holds its region in the process that took it
             for path in ("region/gwp_out/unregister", "unregister"):
                 for _ in range(4):
                     answer = requests.post(f"{serve.http}/v2/systemsharedmemory/{path}", timeout=10)
@@ -169,7 +178,8 @@ def test_a_region_in_use_in_one_process_stays_registered_in_all(serve, digits_ho
             assert names == [["gwp_out"]] * 8
         finally:
             worker.send_signal(signal.SIGCONT)
-        assert pending.get_result().get_output("probabilities")["shape"] == [rows, 10]
+            thread.join(60)
+        assert results[0].get_output("probabilities")["shape"] == [rows, 10]
         client.close()
         gone = requests.post(f"{serve.http}/v2/systemsharedmemory/region/gwp_out/unregister", timeout=10)
         assert gone.status_code == 200, gone.text
