@@ -112,13 +112,17 @@ def _wrapped(
     ``ModelStreamInfer`` (request-streaming already) keeps grpc's reading: each message is
     bounded by the largest message size, its requests by ``--max-inflight``."""
     group = grpc_group(method)
-    check = access.check if access is not None and access.groups.get(group or "") is not None else None
+    restricted = access is not None and access.groups.get(group or "") is not None
+
+    def check(context: grpc.aio.ServicerContext) -> None:
+        if restricted:  # an open group passes without its metadata read
+            access.check(group, grpc_headers(context.invocation_metadata()), grpc=True)
+
     if handler.request_streaming:
         behavior = handler.stream_stream
 
         async def stream(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
-            if check is not None:
-                check(group, grpc_headers(context.invocation_metadata()), grpc=True)
+            check(context)
             return await behavior(requests, context)
 
         return handler._replace(stream_stream=_guard(stream, method))
@@ -126,8 +130,7 @@ def _wrapped(
     unary, deserializer = handler.unary_unary, handler.request_deserializer
 
     async def call(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> Any:
-        if check is not None:
-            check(group, grpc_headers(context.invocation_metadata()), grpc=True)
+        check(context)
         with reservation(limits) as held:
             raw = await receive(requests, limits, held)
             try:

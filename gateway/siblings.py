@@ -24,10 +24,11 @@ other one (:meth:`Siblings.tell`) and waits for each answer:
   unregister first asks each which regions a request is using there (``shm_busy``), and every
   process keeps those (a region in use anywhere stays registered everywhere).
 
-Frames both ways: a 4-byte big-endian length, then msgpack: ``[op, [args...]]`` asked,
-``[error text or nil, value]`` answered. A sibling that does not answer within :data:`ANSWER_TIMEOUT_S` is
-logged and skipped; one that refuses the connection died (SIGKILL leaves its socket file):
-its file is removed, once.
+One connection a question: the asking process writes one msgpack message, ``[op,
+[args...]]``, and ends its side; the answer, ``[error text or nil, value]``, ends the
+connection (only the server's own processes reach the 0700 folder). A sibling that does not
+answer within :data:`ANSWER_TIMEOUT_S` is logged and skipped; one that refuses the connection
+died (SIGKILL leaves its socket file): its file is removed, once.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ import contextlib
 import logging
 import os
 import pathlib
-import struct
 import subprocess
 import sys
 import tempfile
@@ -52,15 +52,12 @@ from naiad.settings import Settings
 
 logger = logging.getLogger(__name__)
 
-FRAME = struct.Struct(">I")
 #: Seconds a process waits for a sibling's answer before it goes on without it.
 ANSWER_TIMEOUT_S = 5.0
 #: Seconds the first process waits for its siblings to serve before it reports ready anyway.
 START_TIMEOUT_S = 60.0
 #: Seconds a stopping sibling may take beyond its in-flight grace before it is killed.
 STOP_MARGIN_S = 10.0
-#: Largest control frame (a region's name and key are the longest arguments).
-MAX_FRAME_BYTES = 64 * 1024
 
 Handler = Callable[..., Awaitable[Any]]
 
@@ -101,8 +98,9 @@ class Siblings:
             async with asyncio.timeout(ANSWER_TIMEOUT_S):
                 reader, writer = await asyncio.open_unix_connection(str(path))
                 try:
-                    writer.write(_frame([op, list(args)]))
-                    return await _read_frame(reader)
+                    writer.write(msgpack.packb([op, list(args)]))
+                    writer.write_eof()
+                    return msgpack.unpackb(await reader.read())
                 finally:
                     writer.close()
         except (ConnectionRefusedError, FileNotFoundError):  # it exited: its socket file is stale
@@ -110,35 +108,22 @@ class Siblings:
                 path.unlink()
             logger.warning("gateway process %s is gone (asked '%s'): its socket is removed", path.stem, op)
             return None
-        except (OSError, TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
+        except (OSError, TimeoutError, ValueError) as exc:  # ValueError: msgpack's, for a cut answer
             logger.warning("gateway process %s did not answer '%s': %r", path.stem, op, exc)
             return None
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            while True:
-                op, args = await _read_frame(reader)
-                try:
-                    answer = [None, await self.handlers[op](*args)]
-                except Exception as exc:  # answered to the asking process, which fails its call
-                    answer = [str(exc) or type(exc).__name__, None]
-                writer.write(_frame(answer))
-        except (asyncio.IncompleteReadError, ConnectionError, ValueError, KeyError, TypeError):
-            pass  # the asking process is done (or sent what no sibling sends)
+            op, args = msgpack.unpackb(await reader.read())
+            try:
+                answer = [None, await self.handlers[op](*args)]
+            except Exception as exc:  # answered to the asking process, which fails its call
+                answer = [str(exc) or type(exc).__name__, None]
+            writer.write(msgpack.packb(answer))
+        except (ConnectionError, ValueError, TypeError):
+            pass  # the asking process went away (or sent what no sibling sends)
         finally:
             writer.close()
-
-
-def _frame(value: object) -> bytes:
-    body = msgpack.packb(value)
-    return FRAME.pack(len(body)) + body
-
-
-async def _read_frame(reader: asyncio.StreamReader) -> object:
-    (length,) = FRAME.unpack(await reader.readexactly(FRAME.size))
-    if length > MAX_FRAME_BYTES:
-        raise ValueError(f"a control frame of {length} bytes")
-    return msgpack.unpackb(await reader.readexactly(length))
 
 
 def control_folder() -> pathlib.Path:

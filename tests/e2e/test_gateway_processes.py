@@ -43,6 +43,10 @@ def body(x: np.ndarray) -> dict:
     return {"inputs": [tensor], "outputs": [{"name": "label"}]}
 
 
+def gone(process: psutil.Process) -> bool:
+    return not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
+
+
 def infer(server, x: np.ndarray) -> np.ndarray:
     """One inference on a new connection (``requests`` without a session opens one a call)."""
     response = requests.post(f"{server.http}/v2/models/digits/infer", json=body(x), timeout=30)
@@ -195,8 +199,7 @@ def test_the_second_process_dies_with_the_first(example_repository, tmp_path):
         first, second = gateways(server)
         first.send_signal(signal.SIGKILL)
         server.process.wait(10)
-        wait_for(lambda: not second.is_running() or second.status() == psutil.STATUS_ZOMBIE, 10,
-                 "the sibling gateway to exit")  # fmt: skip
+        wait_for(lambda: gone(second), 10, "the sibling gateway to exit")
 
 
 def test_a_killed_sibling_leaves_the_first_serving(example_repository, tmp_path, digits_holdout, digits_onnx):
@@ -205,8 +208,7 @@ def test_a_killed_sibling_leaves_the_first_serving(example_repository, tmp_path,
     with run_server(example_repository, tmp_path / "server", extra_args=ARGS) as server:
         _, second = gateways(server)
         second.send_signal(signal.SIGKILL)
-        wait_for(lambda: not second.is_running() or second.status() == psutil.STATUS_ZOMBIE, 10,
-                 "the sibling gateway to exit")  # fmt: skip
+        wait_for(lambda: gone(second), 10, "the sibling gateway to exit")
         x = digits_holdout[0][:1]
         want = digits_onnx.run(["label"], {"input": x})[0].ravel()
         before = stats(server)
