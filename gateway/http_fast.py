@@ -45,7 +45,7 @@ from http import HTTPStatus
 from typing import Any
 
 from aiohttp.http import SERVER_SOFTWARE
-from multidict import CIMultiDict
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from gateway.access import INFERENCE, AccessPolicy
 from gateway.dataplane import DataPlane
@@ -103,10 +103,17 @@ class Head:
 
     model: str
     version: str
-    headers: CIMultiDict[str]
+    headers: CIMultiDictProxy[str]  # read-only: one Head serves every request with its bytes
     length: int
     body_length: int
     close: bool
+
+
+#: Heads taken lately, by their bytes and the body limit: a keep-alive client sends the same
+#: head request after request (a body of another length is another head), so parsing one
+#: (~5 µs) is a lookup (~0.3 µs). Emptied when it holds :data:`MAX_REMEMBERED_HEADS`.
+_heads: dict[tuple[bytes, int], Head] = {}
+MAX_REMEMBERED_HEADS = 1024
 
 
 def parse_head(buffer: bytes | bytearray, max_body_bytes: int) -> Head | None:
@@ -116,6 +123,18 @@ def parse_head(buffer: bytes | bytearray, max_body_bytes: int) -> Head | None:
     if end < 0:
         return None
     raw = bytes(buffer[:end])
+    head = _heads.get((raw, max_body_bytes))
+    if head is None:
+        head = _parse(raw, max_body_bytes)
+        if head is not None:
+            if len(_heads) >= MAX_REMEMBERED_HEADS:
+                _heads.clear()
+            _heads[(raw, max_body_bytes)] = head
+    return head
+
+
+def _parse(raw: bytes, max_body_bytes: int) -> Head | None:
+    """:func:`parse_head` of the head's bytes ``raw``, without its blank line."""
     if raw.translate(None, HEAD_BYTES) or not raw.count(b"\n") == raw.count(b"\r\n") == raw.count(b"\r"):
         return None  # a byte outside visible ASCII, SP, HT; or a CR or LF alone
     lines = raw.decode("ascii").split("\r\n")
@@ -136,7 +155,7 @@ def parse_head(buffer: bytes | bytearray, max_body_bytes: int) -> Head | None:
         pairs.append((name, value.strip(" \t")))
     if "host" not in singletons:
         return None  # aiohttp's 400
-    headers = CIMultiDict(pairs)
+    headers = CIMultiDictProxy(CIMultiDict(pairs))
     lengths = headers.getall("Content-Length", [])
     if len(lengths) != 1 or not lengths[0].isdigit() or len(lengths[0]) > 18:
         return None
@@ -145,7 +164,7 @@ def parse_head(buffer: bytes | bytearray, max_body_bytes: int) -> Head | None:
     # RFC 9110 §5.3: several Connection lines are one comma-separated list.
     tokens = {token.strip().lower() for token in ",".join(headers.getall("Connection", ())).split(",")}
     model, version = target.group(1), target.group(2) or ""
-    return Head(model, version, headers, end + 4, int(lengths[0]), "close" in tokens)
+    return Head(model, version, headers, len(raw) + 4, int(lengths[0]), "close" in tokens)
 
 
 _date: tuple[int, bytes] = (0, b"")

@@ -42,6 +42,18 @@ def test_a_plain_inference_head_is_taken_with_its_model_version_and_fields() -> 
     assert parse_head(head(extra=b"Connection: keep-alive\r\nConnection: close\r\n"), 2**20).close
 
 
+def test_a_head_sent_again_is_the_same_head_and_its_fields_are_read_only() -> None:
+    """Heads are remembered by their bytes and the body limit: the same bytes give the same
+    (read-only) head, other bytes or another limit are parsed on their own."""
+    first = parse_head(head() + BODY, 2**20)
+    assert parse_head(bytearray(head() + b"next request"), 2**20) is first
+    with pytest.raises(TypeError):
+        first.headers["Host"] = "elsewhere"  # type: ignore[index]
+    longer = parse_head(head(length=len(BODY) + 1), 2**20)
+    assert longer is not first and longer.body_length == len(BODY) + 1
+    assert parse_head(head(length=len(BODY) + 1), len(BODY)) is None  # over this limit
+
+
 @pytest.mark.parametrize(
     "raw",
     [
