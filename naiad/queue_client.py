@@ -58,7 +58,7 @@ from naiad.errors import DeadlineExceeded, InvalidInput, Overloaded, QueueTimeou
 from naiad.ids import fresh_id
 from naiad.inference import InferRequest, InferResponse
 from naiad.queue_policy import Placement
-from naiad.redis_client import CommandBatch, send_batch
+from naiad.redis_client import CommandBatch, HeldConnection, send_batch
 from naiad.reply_channel import ReplyServer, WorkerLink
 from naiad.reply_order import ReplyOrder
 
@@ -153,6 +153,7 @@ class QueueDispatcher:
     ):
         self.redis = redis
         self.reader = reader
+        self._adds_connection = HeldConnection(redis)  # one write of enqueues at a time
         self.gateway_id = gateway_id or uuid.uuid4().hex
         self.reply_key = keys.reply_list(self.gateway_id)
         self._pending: dict[str, asyncio.Future[Reply]] = {}
@@ -486,14 +487,14 @@ class QueueDispatcher:
                     add.future.set_result(entry_id)
 
     async def _send_adds(self, calls: list[tuple[tuple[str, str], list[Any]]]) -> list[Any]:
-        """One :data:`BOUNDED_XADD` per ``(keys, args)``, by ``EVALSHA``, all in one write
-        (:func:`send_batch`); a call answered NOSCRIPT (Redis lost its script cache) is made
-        again through redis-py's script object, which loads it. Each result, or its error in
-        its place."""
+        """One :data:`BOUNDED_XADD` per ``(keys, args)``, by ``EVALSHA``, all in one write on
+        this client's held connection (:class:`naiad.redis_client.HeldConnection`); a call
+        answered NOSCRIPT (Redis lost its script cache) is made again through redis-py's
+        script object, which loads it. Each result, or its error in its place."""
         batch = CommandBatch()
         for script_keys, args in calls:
             batch.evalsha(self._xadd.sha, len(script_keys), *script_keys, *args)
-        results = await send_batch(self.redis, batch)
+        results = await self._adds_connection.send(batch)
         for i, (script_keys, args) in enumerate(calls):
             if isinstance(results[i], NoScriptError):
                 try:

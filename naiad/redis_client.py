@@ -136,6 +136,15 @@ async def send_batch(client: aioredis.Redis, batch: CommandBatch) -> list[Any]:
     pool = client.connection_pool
     connection = await pool.get_connection()
     try:
+        return await _exchange(connection, batch)
+    finally:
+        await pool.release(connection)
+
+
+async def _exchange(connection: Any, batch: CommandBatch) -> list[Any]:
+    """:func:`send_batch` on ``connection``: one write, the replies read in order; the
+    connection is dropped on any failure or cancellation."""
+    try:
         await connection.send_packed_command(connection.pack_commands(batch.commands))
         replies: list[Any] = []
         for _ in batch.commands:
@@ -147,5 +156,50 @@ async def send_batch(client: aioredis.Redis, batch: CommandBatch) -> list[Any]:
     except BaseException:
         await connection.disconnect(nowait=True)
         raise
-    finally:
-        await pool.release(connection)
+
+
+class HeldConnection:
+    """One connection of ``client``'s pool kept by a writer that sends one batch at a time
+    (the gateway's group-committed enqueues, its statistics writer): :meth:`send` is
+    :func:`send_batch` without the pool's checkout and release each time, which in redis-py
+    8 cost ~15–30 µs of CPU a batch (a condition and a timeout, a poll of the socket for
+    unread data, observability hooks; docs/benchmarks.md "Stop 21").
+
+    The connection is taken from the pool at the first send (so the pool's bound and its
+    ``aclose`` cover it) and given back, to be checked and reconnected by the pool, when a
+    send fails or when Redis has closed it meanwhile (its reader at end of file: the check
+    the pool makes, without a system call). Raises what :func:`send_batch` raises, and
+    RuntimeError when a second batch is sent while one is in flight."""
+
+    def __init__(self, client: aioredis.Redis) -> None:
+        self._pool = client.connection_pool
+        self._connection: Any = None
+        self._busy = False
+
+    async def send(self, batch: CommandBatch) -> list[Any]:
+        if self._busy:
+            raise RuntimeError("a held Redis connection sends one batch at a time")
+        self._busy = True
+        try:
+            connection = self._connection
+            if connection is None or _closed_by_peer(connection):
+                await self.release()
+                connection = self._connection = await self._pool.get_connection()
+            try:
+                return await _exchange(connection, batch)
+            except BaseException:
+                await self.release()
+                raise
+        finally:
+            self._busy = False
+
+    async def release(self) -> None:
+        """Give the connection back to the pool (the next send takes one again)."""
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            await self._pool.release(connection)
+
+
+def _closed_by_peer(connection: Any) -> bool:
+    reader = getattr(connection, "_reader", None)
+    return reader is None or reader.at_eof()

@@ -26,7 +26,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
 
 from naiad import stats
-from naiad.redis_client import CommandBatch, send_batch
+from naiad.redis_client import CommandBatch, HeldConnection
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +72,7 @@ class StatsWriter:
 
     def __init__(self, redis: aioredis.Redis):
         self.redis = redis
+        self._connection = HeldConnection(redis)  # one write at a time (_write)
         self._adds: list[Add] = []
         self._done: asyncio.Future[None] | None = None  # resolved when ``_adds`` is written
         self._sending: asyncio.Future[None] | None = None  # the write in flight
@@ -131,7 +132,7 @@ class StatsWriter:
                 try:
                     batch = CommandBatch()
                     counters.queue(batch)
-                    for reply in await send_batch(self.redis, batch):
+                    for reply in await self._connection.send(batch):
                         if isinstance(reply, Exception):
                             raise reply
                 except asyncio.CancelledError:

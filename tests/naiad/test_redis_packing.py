@@ -10,7 +10,7 @@ import pytest
 from redis.asyncio.connection import Connection
 from redis.exceptions import DataError
 
-from naiad.redis_client import LARGE_ARG_BYTES, connect
+from naiad.redis_client import LARGE_ARG_BYTES, CommandBatch, HeldConnection, connect
 
 ARGS = [
     "", "é€", b"\x00\xff", 0, -3, 2**63, 2**64 - 1, -(2**63), 0.1, 1e300, -0.0, 1e-7, 100.0,
@@ -172,3 +172,42 @@ def test_a_cancelled_command_batch_leaves_no_reply_behind_for_the_next(redis_url
             await client.aclose()
 
     assert asyncio.run(run()) == [b"OK", b"1"]  # raw replies
+
+
+def test_a_held_connection_is_reused_reconnected_and_given_back(redis_url):
+    """``HeldConnection``: batches go on one connection of the pool; one that Redis closed
+    meanwhile (CLIENT KILL) is given back and another taken before the next batch, which
+    succeeds; a second batch while one is in flight is refused; a failed send gives the
+    connection back to the pool."""
+
+    async def run():
+        client = connect(redis_url)
+        held = HeldConnection(client)
+        pool = client.connection_pool
+        try:
+            first = await held.send(CommandBatch().client_id().set("held:k", 1))
+            assert first[1] in (True, b"OK") and len(pool._in_use_connections) == 1
+            (again,) = await held.send(CommandBatch().client_id())
+            assert again == first[0]  # the same connection
+            await client.client_kill_filter(_id=again)
+            await asyncio.sleep(0.1)  # the loop reads the end of file
+            (other, value) = await held.send(CommandBatch().client_id().get("held:k"))
+            assert other != again and value == b"1"
+            blocking = asyncio.ensure_future(held.send(CommandBatch().blpop(["held:none"], 0.2)))
+            await asyncio.sleep(0.05)
+            with pytest.raises(RuntimeError, match="one batch at a time"):
+                await held.send(CommandBatch().client_id())
+            assert await blocking == [None]
+            blocking = asyncio.ensure_future(held.send(CommandBatch().blpop(["held:none"], 5)))
+            await asyncio.sleep(0.05)
+            blocking.cancel()  # cut mid-batch: the connection is dropped and given back
+            with pytest.raises(asyncio.CancelledError):
+                await blocking
+            assert not pool._in_use_connections
+            (last,) = await held.send(CommandBatch().client_id())
+            assert last not in (first[0], other)
+        finally:
+            await held.release()
+            await client.aclose()
+
+    asyncio.run(run())
