@@ -54,6 +54,7 @@ from redis.exceptions import NoScriptError, RedisError
 
 from naiad import group_commit, keys, logs, stats, tasks, tracing
 from naiad.codec import DATA, HEADER, Reply, decode_replies, encode_request
+from naiad.deadlines import Deadlines
 from naiad.errors import DeadlineExceeded, InvalidInput, Overloaded, QueueTimeout, Unavailable
 from naiad.ids import fresh_id
 from naiad.inference import InferRequest, InferResponse
@@ -154,6 +155,7 @@ class QueueDispatcher:
         self.redis = redis
         self.reader = reader
         self._adds_connection = HeldConnection(redis)  # one write of enqueues at a time
+        self._deadlines = Deadlines()  # replies' deadlines, handed requests' checks: one timer
         self.gateway_id = gateway_id or uuid.uuid4().hex
         self.reply_key = keys.reply_list(self.gateway_id)
         self._pending: dict[str, asyncio.Future[Reply]] = {}
@@ -267,8 +269,9 @@ class QueueDispatcher:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Reply] = loop.create_future()
         self._pending[queue_id] = future
-        timer = loop.call_later(timeout_s, _expire, future)
-        check = loop.call_later(self.liveness_s, self._check_worker, link, queue_id, request.model)
+        now = loop.time()
+        self._deadlines.add(now + timeout_s, future, _expire)
+        self._deadlines.add(now + self.liveness_s, future, self._check_handed, link, queue_id, request.model)
         try:
             with tracing.span("naiad.enqueue", kind="producer"):
                 fields = self._fields(queue_id, request, timeout_s)
@@ -284,10 +287,13 @@ class QueueDispatcher:
             link.withdraw(queue_id)
             raise
         finally:
-            timer.cancel()
-            check.cancel()
+            if not future.done():
+                future.cancel()  # its deadline and check are dropped (naiad.deadlines)
             self._pending.pop(queue_id, None)
             link.forget(queue_id)
+
+    def _check_handed(self, _: asyncio.Future[Reply], link: WorkerLink, queue_id: str, model: str) -> None:
+        self._check_worker(link, queue_id, model)  # a deadline's call (naiad.deadlines)
 
     def _check_worker(self, link: WorkerLink, queue_id: str, model: str) -> None:
         """A request handed to a worker is not answered after :attr:`liveness_s`: when that
@@ -349,6 +355,8 @@ class QueueDispatcher:
             self._withdraw(placement.stream, entry_id)
             raise
         finally:
+            if not future.done():
+                future.cancel()  # its deadline is dropped (naiad.deadlines)
             self._pending.pop(queue_id, None)
             if slot is not None:
                 self._order.close(placement.stream, slot)
@@ -368,11 +376,8 @@ class QueueDispatcher:
             await asyncio.wait([future], timeout=max(reject_at - loop.time(), 0))
             if not future.done() and await self._reject_unclaimed(placement.stream, entry_id):
                 raise QueueTimeout("Request timeout expired")
-        timer = loop.call_at(deadline, _expire, future)  # no wait_for: no task, no waiter
-        try:
-            return await future
-        finally:
-            timer.cancel()
+        self._deadlines.add(deadline, future, _expire)  # no wait_for, no timer of its own
+        return await future
 
     async def _reject_unclaimed(self, stream: str, entry_id: bytes) -> bool:
         """Delete ``entry_id`` if no worker has claimed it (:data:`REJECT_UNCLAIMED`)."""
