@@ -121,9 +121,10 @@ class ModelClient:
         statistics, written in the background with those of requests finishing meanwhile;
         the future of that write (never awaited on the answer's path)."""
         duration_ns, now_ms = time.perf_counter_ns() - started_ns, int(time.time() * 1000)
+        model, version = request.model, request.version  # not the request: its tensors go now
 
         def add(pipe: Any) -> None:
-            stats.add_request(pipe, request.model, request.version, ok, duration_ns, now_ms, reason)
+            stats.add_request(pipe, model, version, ok, duration_ns, now_ms, reason)
             if extra is not None:
                 extra(pipe)
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
@@ -48,12 +49,19 @@ class _Rules:
     max_batch_size: int
     inputs: dict[str, _InputRule]
     outputs: frozenset[str]
+    #: Requests that passed, by what the checks read (input names, datatypes and shapes, then
+    #: output names): one that looks the same passes without the checks.
+    passed: set[tuple[Any, ...]] = field(default_factory=set, compare=False)
 
     @classmethod
     def of(cls, config: mc.ModelConfig) -> _Rules:
         inputs = {spec.name: _InputRule(wire_datatype(spec.data_type), client_shape(config, list(spec.dims)),
                                         spec.optional) for spec in config.input}  # fmt: skip
         return cls(config.name, config.max_batch_size, inputs, frozenset(o.name for o in config.output))
+
+
+#: Most request signatures a config's rules remember (then they start afresh).
+MAX_REMEMBERED = 256
 
 
 def _rules(config: mc.ModelConfig) -> _Rules:
@@ -122,6 +130,17 @@ def validate_request(config: mc.ModelConfig, request: InferRequest) -> None:
     Element counts against shapes are checked when the tensors are decoded.
     """
     rules = _rules(config)
+    signature = (*[(t.name, t.datatype, *t.shape) for t in request.inputs], None,
+                 *[o.name for o in request.outputs])  # fmt: skip
+    if signature in rules.passed:
+        return
+    _check(rules, request)
+    if len(rules.passed) >= MAX_REMEMBERED:
+        rules.passed.clear()
+    rules.passed.add(signature)
+
+
+def _check(rules: _Rules, request: InferRequest) -> None:
     specs = rules.inputs
     seen = _unique_known("input", [t.name for t in request.inputs], specs, rules.name)
     batches = {_check_input(rules, specs[t.name], t) for t in request.inputs} - {None}

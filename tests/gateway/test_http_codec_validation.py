@@ -323,6 +323,21 @@ def test_validation_follows_a_config_changed_in_place():
     validate_request(config, req(t("x", [2, 5])))
 
 
+def test_a_request_that_looks_like_one_that_passed_passes_and_any_other_is_checked():
+    """Passed requests are remembered by names, datatypes, shapes and output names: the same
+    again passes; another batch size, an output, a datatype is checked anew (and one that
+    failed is not remembered)."""
+    config = mc.ModelConfig()
+    config.CopyFrom(DIGITS)
+    validate_request(config, req(t("x", [2, 3]), outputs=["y"]))
+    validate_request(config, req(t("x", [2, 3]), outputs=["y"]))  # remembered
+    for bad in (req(t("x", [5, 3]), outputs=["y"]), req(t("x", [2, 3]), outputs=["y", "nope"]),
+                req(t("x", [2, 3], "FP64"), outputs=["y"]), req(t("x", [2, 3]), t("x", [2, 3]))):  # fmt: skip
+        for _ in range(2):  # not remembered as passed
+            with pytest.raises(InvalidInput):
+                validate_request(config, bad)
+
+
 OUT_OF_RANGE = [("INT64", 2**63), ("INT64", 2**64 - 1), ("UINT64", -1), ("UINT64", -(2**63)),
                 ("INT32", 2**31), ("UINT8", 256)]  # fmt: skip
 AT_THE_EDGES = [("INT64", 2**63 - 1), ("INT64", -(2**63)), ("UINT64", 2**64 - 1), ("UINT64", 2**63),
