@@ -9,6 +9,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from gateway import http_codec
 from gateway.http_codec import HEADER_LENGTH, parse_infer_request, parse_raw_request, render_infer_response
 from naiad.errors import InvalidInput
 from naiad.inference import InferRequest, InferResponse, RequestedOutput, Tensor
@@ -62,6 +63,37 @@ def test_parse_binary_inputs_in_order_with_json_between():
     np.testing.assert_array_equal(request.inputs[0].data, a)
     assert request.inputs[1].data.tolist() == [7]
     assert request.inputs[2].data.tolist() == b.tolist()
+
+
+def test_a_binary_header_seen_again_gives_the_same_request_with_its_own_bytes():
+    """A binary request's header is remembered: the next body with it gets its own tensor
+    bytes, fresh containers, and the same refusals (short or extra bytes) with the same text."""
+    header = {"id": "r1", "inputs": [spec(shape=(1, 2), parameters={"binary_data_size": 8}),
+                                     spec("s", "BYTES", (1,), parameters={"binary_data_size": 5})],
+              "outputs": [{"name": "y", "parameters": {"binary_data": True}}],
+              "parameters": {"binary_data_output": True, "k": 3}}  # fmt: skip
+    x1, x2 = np.array([[1, 2]], np.float32), np.array([[3, 4]], np.float32)
+    chunks = [(x1, b"\x01\0\0\0a"), (x2, b"\x01\0\0\0b")]
+    first, second = (parse_infer_request(*binary(header, x.tobytes(), s), "m", 1) for x, s in chunks)
+    for request, (x, s) in zip((first, second), chunks, strict=True):
+        np.testing.assert_array_equal(request.inputs[0].data, x)
+        assert request.inputs[1].data.tolist() == [s[4:]] and request.inputs[1].shape == [1]
+        assert (request.id, request.parameters) == ("r1", header["parameters"])
+        assert [(o.name, o.binary) for o in request.outputs] == [("y", True)]
+    assert second.parameters is not first.parameters and second.outputs[0] is not first.outputs[0]
+    assert second.inputs[0].shape is not first.inputs[0].shape
+    body, length = binary(header, x1.tobytes(), chunks[0][1])
+    assert body[:length] in http_codec._binary_headers  # remembered, by the header's bytes
+    floats = x1.tobytes()
+    tails = (floats + b"\x01\0\0\0", floats + b"\x01\0\0\0a!", floats + b"\x02\0\0\0a")
+    wanted = ("runs past the request body", "belong to no input", "runs past the end of its data")
+    for tail, text in zip(tails, wanted, strict=True):  # remembered header (r1), new one (r2)
+        answers = []
+        for request_id in ("r1", "r2"):
+            with pytest.raises(InvalidInput) as refused:
+                parse_infer_request(*binary({**header, "id": request_id}, tail), "m", 1)
+            answers.append(str(refused.value))
+        assert answers[0] == answers[1] and text in answers[0], answers
 
 
 def test_parse_bytes_json_strings():
