@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
+import numpy as np
 
 from naiad.datatypes import from_bytes, to_bytes
 from naiad.errors import InvalidInput, NaiadError, error_from_name
@@ -96,20 +97,47 @@ def _valid_shape(shape: Any) -> bool:
     )
 
 
+#: Fixed-size tensor specs found valid, ``(name, datatype, nbytes, *shape)`` → their wire
+#: dtype and shape: the same spec again (every reply of a model, nearly) skips the checks
+#: (a spec that only compares equal, as ``1.0`` or ``True`` for ``1``, gets the valid one's
+#: integers). Emptied when it holds :data:`MAX_REMEMBERED_SPECS`.
+_valid_specs: dict[tuple[Any, ...], tuple[Any, tuple[int, ...]]] = {}
+MAX_REMEMBERED_SPECS = 1024
+
+
 def _unpack_tensors(specs: list[list[Any]], raw: bytes) -> list[Tensor]:
     tensors, offset = [], 0
     view = memoryview(raw)
     for name, datatype, shape, nbytes in specs:
-        if not isinstance(nbytes, int) or nbytes < 0 or offset + nbytes > len(view):
-            raise InvalidInput("queue message is shorter than its header says")
-        if not isinstance(name, str) or not isinstance(datatype, str) or not _valid_shape(shape):
-            raise InvalidInput("queue message has a malformed tensor spec")
-        data = from_bytes(view[offset : offset + nbytes], datatype, shape)
-        tensors.append(Tensor(name, datatype, list(shape), data))
+        try:
+            key: tuple[Any, ...] | None = (name, datatype, nbytes, *shape)
+            known = _valid_specs.get(key)
+        except TypeError:  # a shape that is no list of integers: checked below
+            key, known = None, None
+        if known is not None and offset + nbytes <= len(view):
+            dtype, dims = known
+            data = np.frombuffer(view[offset : offset + nbytes], dtype=dtype).reshape(dims)
+            shape = list(dims)
+        else:
+            data = _checked_tensor(name, datatype, shape, nbytes, view, offset)
+            if key is not None and datatype != "BYTES":
+                if len(_valid_specs) >= MAX_REMEMBERED_SPECS:
+                    _valid_specs.clear()
+                _valid_specs[key] = (data.dtype, tuple(shape))
+            shape = list(shape)
+        tensors.append(Tensor(name, datatype, shape, data))
         offset += nbytes
     if offset != len(view):
         raise InvalidInput("queue message carries bytes its header does not describe")
     return tensors
+
+
+def _checked_tensor(name: Any, datatype: Any, shape: Any, nbytes: Any, view: memoryview, offset: int) -> Any:
+    if not isinstance(nbytes, int) or nbytes < 0 or offset + nbytes > len(view):
+        raise InvalidInput("queue message is shorter than its header says")
+    if not isinstance(name, str) or not isinstance(datatype, str) or not _valid_shape(shape):
+        raise InvalidInput("queue message has a malformed tensor spec")
+    return from_bytes(view[offset : offset + nbytes], datatype, shape)
 
 
 def encode_request(

@@ -292,3 +292,20 @@ def test_request_round_trip_property(datatype, shape, request_id):
     back = codec.decode_request("m", codec.encode_request("q", request, "r", 2.0, 1.0)).request
     assert back.id == request_id
     assert_tensors_equal(back.inputs, [tensor])
+
+
+def test_a_tensor_spec_seen_before_decodes_the_same_and_is_still_bounded():
+    """Valid fixed-size specs are remembered: the same spec again gives the same tensor
+    (its own bytes), a spec equal only in value (``1.0`` for ``1``) gets integer dims, and
+    a remembered spec whose bytes are short is refused as before."""
+    out = [Tensor("p", "FP32", [1, 3], np.arange(3, dtype=np.float32).reshape(1, 3))]
+    for values in ([0, 1, 2], [5, 6, 7]):
+        out[0].data = np.array([values], dtype=np.float32)
+        (reply,) = codec.decode_replies(codec.encode_reply(codec.Reply("q", outputs=out)))
+        assert reply.outputs[0].shape == [1, 3] and reply.outputs[0].data.tolist() == [values]
+    header, raw = msgpack.unpackb(codec.encode_reply(codec.Reply("q", outputs=out)))
+    header["out"][0][2] = [1.0, 3]  # equal in value to the remembered [1, 3]
+    (reply,) = codec.decode_replies(msgpack.packb([header, raw]))
+    assert [type(d) for d in reply.outputs[0].shape] == [int, int] and reply.outputs[0].data.shape == (1, 3)
+    with pytest.raises(InvalidInput, match="shorter than its header says"):
+        codec.decode_replies(msgpack.packb([header, raw[:-1]]))
