@@ -160,7 +160,8 @@ async def _exchange(connection: Any, batch: CommandBatch) -> list[Any]:
 
 class HeldConnection:
     """One connection of ``client``'s pool kept by a writer that sends one batch at a time
-    (the gateway's group-committed enqueues, its statistics writer): :meth:`send` is
+    (the gateway's group-committed enqueues, its statistics writer, a worker's reply
+    pipeline): :meth:`send` is
     :func:`send_batch` without the pool's checkout and release each time, which in redis-py
     8 cost ~15–30 µs of CPU a batch (a condition and a timeout, a poll of the socket for
     unread data, observability hooks; docs/benchmarks.md "Stop 21").
@@ -168,17 +169,17 @@ class HeldConnection:
     The connection is taken from the pool at the first send (so the pool's bound and its
     ``aclose`` cover it) and given back, to be checked and reconnected by the pool, when a
     send fails or when Redis has closed it meanwhile (its reader at end of file: the check
-    the pool makes, without a system call). Raises what :func:`send_batch` raises, and
-    RuntimeError when a second batch is sent while one is in flight."""
+    the pool makes, without a system call). A batch sent while another is in flight goes
+    through the pool (:func:`send_batch`). Raises what :func:`send_batch` raises."""
 
     def __init__(self, client: aioredis.Redis) -> None:
-        self._pool = client.connection_pool
+        self._client, self._pool = client, client.connection_pool
         self._connection: Any = None
         self._busy = False
 
     async def send(self, batch: CommandBatch) -> list[Any]:
         if self._busy:
-            raise RuntimeError("a held Redis connection sends one batch at a time")
+            return await send_batch(self._client, batch)
         self._busy = True
         try:
             connection = self._connection

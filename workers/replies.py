@@ -3,7 +3,7 @@
 :meth:`ReplySender.send` first writes a batch that answers one gateway, and carries no
 telemetry, to that gateway's direct reply channel when it has one (:mod:`naiad.reply_channel`:
 the replies and the batch's statistics in one frame). Then, in one write of commands
-(:func:`naiad.redis_client.send_batch`): the versions pulled and loaded since the last batch
+(:class:`naiad.redis_client.HeldConnection`): the versions pulled and loaded since the last batch
 (:mod:`naiad.telemetry`), the batch's statistics unless a frame carried them (one command,
 :func:`naiad.stats.add_execution`, before any reply, so a gateway that has its reply already
 sees them), one ``RPUSH`` per gateway not answered directly of the batch's replies for it,
@@ -28,7 +28,7 @@ from redis.exceptions import RedisError
 
 from naiad import keys, stats, telemetry
 from naiad.codec import QueuedRequest
-from naiad.redis_client import CommandBatch, send_batch
+from naiad.redis_client import CommandBatch, HeldConnection
 from naiad.reply_channel import ReplyConnections, encode_executions
 from workers.loader import VersionLoad, VersionLoader
 from workers.queue_reader import QueueReader
@@ -47,6 +47,7 @@ class ReplySender:
 
     def __init__(self, redis: Redis, model: str, queue: QueueReader, loader: VersionLoader):
         self.redis, self.model, self.queue, self.loader = redis, model, queue, loader
+        self._connection = HeldConnection(redis)  # a batch's pipeline at a time, as a rule
         # to gateways on this machine (naiad.reply_channel)
         self.direct = ReplyConnections(worker_id=queue.consumer)
         #: Called when a send meets a Redis failure, before it retries: the worker takes no
@@ -90,7 +91,7 @@ class ReplySender:
         self, pairs: Sequence[tuple[QueuedRequest, bytes]], runs: Sequence[stats.Execution],
         claim: Claim | None, offer: bool = False,
     ) -> tuple[list[QueuedRequest], float] | None:  # fmt: skip
-        batch = CommandBatch()  # one write, raw replies (naiad.redis_client.send_batch)
+        batch = CommandBatch()  # one write, raw replies (naiad.redis_client.HeldConnection)
         self.add_downloads(batch)  # a version first asked for now, pulled lazily
         by_list: dict[str, list[bytes]] = {}  # one element per gateway, replies in order
         for queued, payload in pairs:
@@ -112,7 +113,7 @@ class ReplySender:
         sent = self.queue.read_on(batch, *claim) if claim is not None else 0.0
         if not batch.commands:  # requests handed over directly, answered the same way
             return None
-        results = await send_batch(self.redis, batch)
+        results = await self._connection.send(batch)
         reply = results.pop() if claim is not None else None
         for result in results:
             if isinstance(result, Exception):
