@@ -2,7 +2,7 @@
 
 Runs the benchmark ``digits`` model (``.bench/repository/digits/1/model.onnx``, built by
 :mod:`bench.perf.models`) in one ``InferenceSession`` per setting, batches of 1, 6 and 32
-rows, each run followed by a 2 ms pause (a worker between batches), and prints per setting
+rows (``--rows``), each run followed by a 2 ms pause (a worker between batches), and prints per setting
 and batch: the wall time of ``session.run`` and the process CPU (user + system, all threads)
 per run. The gap is what idle threads burn while spinning. Settings: ONNX Runtime's default
 (intra-op threads = physical cores, spinning on), spinning off
@@ -58,13 +58,14 @@ def measure(sess: ort.InferenceSession, rows: int, runs: int) -> tuple[float, fl
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=300)
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 6, 32], help="batch sizes")
     args = parser.parse_args()
     path = str(ensure_repository(DEFAULT_REPOSITORY) / "digits" / "1" / "model.onnx")
     print("| setting | rows | run wall µs | process CPU µs per run |")
     print("| --- | --- | --- | --- |")
     for label, setting in SETTINGS.items():
         sess = session(path, setting)
-        for rows in (1, 6, 32):
+        for rows in args.rows:
             wall, cpu = measure(sess, rows, args.runs)
             print(f"| {label} | {rows} | {wall:.0f} | {cpu:.0f} |")
 
