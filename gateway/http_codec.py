@@ -328,7 +328,8 @@ def parse_infer_request(
     Raises :class:`InvalidInput` for malformed JSON, bad shapes or data that does not match
     its shape and datatype, and for binary data that is too short or left over.
     """
-    remember = bool(header_length) and header_length <= MAX_REMEMBERED_HEADER_BYTES  # type: ignore[operator]
+    # a header that does not fit the body is refused by _parse_header, never looked up
+    remember = bool(header_length) and header_length <= min(MAX_REMEMBERED_HEADER_BYTES, len(body))  # type: ignore[operator]
     if remember and (seen := _binary_headers.get(body[:header_length])) is not None:
         return seen.request(memoryview(body)[header_length:], model, version)
     header, binary = _parse_header(body, header_length)

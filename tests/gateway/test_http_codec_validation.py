@@ -86,6 +86,9 @@ def test_a_binary_header_seen_again_gives_the_same_request_with_its_own_bytes():
     assert body[:length] in http_codec._binary_headers  # remembered, by the header's bytes
     floats = x1.tobytes()
     tails = (floats + b"\x01\0\0\0", floats + b"\x01\0\0\0a!", floats + b"\x02\0\0\0a")
+    head = binary(header)[0]  # the remembered header alone, said to be longer than the body
+    with pytest.raises(InvalidInput, match=f"does not fit a {len(head)}-byte body"):
+        parse_infer_request(head, len(head) + 1, "m", 1)
     wanted = ("runs past the request body", "belong to no input", "runs past the end of its data")
     for tail, text in zip(tails, wanted, strict=True):  # remembered header (r1), new one (r2)
         answers = []
