@@ -25,6 +25,7 @@ from gateway.shared_memory import SystemSharedMemory, read_tensor, shared_memory
 from naiad.datatypes import BINARY_ONLY, element_count, from_bytes, numpy_dtype, to_bytes
 from naiad.errors import InvalidInput
 from naiad.inference import InferRequest, InferResponse, RequestedOutput, Tensor
+from naiad.memo import remember
 from naiad.validation import wire_datatype
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -329,8 +330,8 @@ def parse_infer_request(
     its shape and datatype, and for binary data that is too short or left over.
     """
     # a header that does not fit the body is refused by _parse_header, never looked up
-    remember = bool(header_length) and header_length <= min(MAX_REMEMBERED_HEADER_BYTES, len(body))  # type: ignore[operator]
-    if remember and (seen := _binary_headers.get(body[:header_length])) is not None:
+    known = 0 < (header_length or 0) <= min(MAX_REMEMBERED_HEADER_BYTES, len(body))
+    if known and (seen := _binary_headers.get(body[:header_length])) is not None:
         return seen.request(memoryview(body)[header_length:], model, version)
     header, binary = _parse_header(body, header_length)
     specs = header.get("inputs")
@@ -351,10 +352,8 @@ def parse_infer_request(
     if not isinstance(request_id, str):
         raise InvalidInput("'id' must be a string")
     request = InferRequest(model, version, inputs, outputs, request_id, parameters)
-    if remember and (sizes := _binary_sizes(specs)) is not None:
-        if len(_binary_headers) >= MAX_REMEMBERED_HEADERS:
-            _binary_headers.clear()
-        _binary_headers[body[:header_length]] = _BinaryHeader(request, sizes)
+    if known and (sizes := _binary_sizes(specs)) is not None:
+        remember(_binary_headers, body[:header_length], _BinaryHeader(request, sizes), MAX_REMEMBERED_HEADERS)
     return request
 
 

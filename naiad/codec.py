@@ -31,6 +31,7 @@ import numpy as np
 from naiad.datatypes import from_bytes, to_bytes
 from naiad.errors import InvalidInput, NaiadError, error_from_name
 from naiad.inference import InferRequest, RequestedOutput, Tensor
+from naiad.memo import remember
 
 HEADER = b"h"
 DATA = b"d"
@@ -121,9 +122,7 @@ def _unpack_tensors(specs: list[list[Any]], raw: bytes) -> list[Tensor]:
         else:
             data = _checked_tensor(name, datatype, shape, nbytes, view, offset)
             if key is not None and datatype != "BYTES":
-                if len(_valid_specs) >= MAX_REMEMBERED_SPECS:
-                    _valid_specs.clear()
-                _valid_specs[key] = (data.dtype, tuple(shape))
+                remember(_valid_specs, key, (data.dtype, tuple(shape)), MAX_REMEMBERED_SPECS)
             shape = list(shape)
         tensors.append(Tensor(name, datatype, shape, data))
         offset += nbytes

@@ -271,7 +271,7 @@ class QueueDispatcher:
         self._pending[queue_id] = future
         now = loop.time()
         self._deadlines.add(now + timeout_s, future, _expire)
-        self._deadlines.add(now + self.liveness_s, future, self._check_handed, link, queue_id, request.model)
+        self._deadlines.add(now + self.liveness_s, future, self._check_worker, link, queue_id, request.model)
         try:
             with tracing.span("naiad.enqueue", kind="producer"):
                 fields = self._fields(queue_id, request, timeout_s)
@@ -292,20 +292,22 @@ class QueueDispatcher:
             self._pending.pop(queue_id, None)
             link.forget(queue_id)
 
-    def _check_handed(self, _: asyncio.Future[Reply], link: WorkerLink, queue_id: str, model: str) -> None:
-        self._check_worker(link, queue_id, model)  # a deadline's call (naiad.deadlines)
-
-    def _check_worker(self, link: WorkerLink, queue_id: str, model: str) -> None:
-        """A request handed to a worker is not answered after :attr:`liveness_s`: when that
-        worker's heartbeat lapsed (frozen, hung: its connection stays open), its caller
-        queues it through Redis, as a reclaim would take a claimed entry
-        (:mod:`workers.reclaim`); else look again after as long."""
+    def _check_worker(
+        self, future: asyncio.Future[Reply], link: WorkerLink, queue_id: str, model: str
+    ) -> None:  # fmt: skip
+        """A request handed to a worker (its caller awaiting ``future``) is not answered after
+        :attr:`liveness_s` (a call of :attr:`_deadlines`): when that worker's heartbeat
+        lapsed (frozen, hung: its connection stays open), its caller queues it through
+        Redis, as a reclaim would take a claimed entry (:mod:`workers.reclaim`); else look
+        again after as long."""
         if queue_id in link.handed:  # not answered, nor queued through Redis already
-            task = asyncio.get_running_loop().create_task(self._worker_alive(link, queue_id, model))
+            task = asyncio.get_running_loop().create_task(self._worker_alive(future, link, queue_id, model))
             self._checks.add(task)
             task.add_done_callback(self._checks.discard)
 
-    async def _worker_alive(self, link: WorkerLink, queue_id: str, model: str) -> None:
+    async def _worker_alive(
+        self, future: asyncio.Future[Reply], link: WorkerLink, queue_id: str, model: str
+    ) -> None:  # fmt: skip
         try:
             deadline = await self.redis.zscore(keys.workers(model), link.worker_id)
         except RedisError as exc:
@@ -319,7 +321,8 @@ class QueueDispatcher:
             link.withdraw(queue_id)  # should it resume, it skips it
             self.orphaned(queue_id)
         else:
-            asyncio.get_running_loop().call_later(self.liveness_s, self._check_worker, link, queue_id, model)
+            again = asyncio.get_running_loop().time() + self.liveness_s
+            self._deadlines.add(again, future, self._check_worker, link, queue_id, model)
 
     def orphaned(self, queue_id: str) -> None:
         """The worker ``queue_id`` was handed to went away unanswered: its caller queues it."""

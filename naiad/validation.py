@@ -21,6 +21,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from naiad.datatypes import config_to_datatype
 from naiad.errors import InvalidInput
 from naiad.inference import InferRequest, Tensor
+from naiad.memo import remember
 
 
 def wire_datatype(data_type: int) -> str:
@@ -51,7 +52,7 @@ class _Rules:
     outputs: frozenset[str]
     #: Requests that passed, by what the checks read (input names, datatypes and shapes, then
     #: output names): one that looks the same passes without the checks.
-    passed: set[tuple[Any, ...]] = field(default_factory=set, compare=False)
+    passed: dict[tuple[Any, ...], None] = field(default_factory=dict, compare=False)
 
     @classmethod
     def of(cls, config: mc.ModelConfig) -> _Rules:
@@ -135,9 +136,7 @@ def validate_request(config: mc.ModelConfig, request: InferRequest) -> None:
     if signature in rules.passed:
         return
     _check(rules, request)
-    if len(rules.passed) >= MAX_REMEMBERED:
-        rules.passed.clear()
-    rules.passed.add(signature)
+    remember(rules.passed, signature, None, MAX_REMEMBERED)
 
 
 def _check(rules: _Rules, request: InferRequest) -> None:
