@@ -2,10 +2,9 @@
 request's shape that passed validation): work done once, then a lookup.
 
 :func:`remember` stores into a plain dict and empties it first when it holds ``most``
-entries: a bound on memory, not an LRU (the repeating keys come back at once). For memos
-whose entry is stored apart from the lookup (after a check that may raise, or from a parse
-that also built the request); a pure function of hashable arguments takes
-``functools.lru_cache`` instead (``gateway/http_fast.py: _parse``)."""
+entries: a bound on memory, not an LRU (the repeating keys come back at once). The entry
+is stored apart from the lookup: after a check that may raise, or only for some results
+(a head handed to aiohttp, a request with JSON data, is not remembered)."""
 
 from __future__ import annotations
 
