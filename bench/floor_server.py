@@ -11,12 +11,17 @@ Serves every model folder of a Triton-layout repository (``NAME/<newest version>
 or only ``--models``. Routes: ``GET /v2/health/live|ready``, ``GET /v2/models/{m}[/ready]``,
 ``POST /v2/models/{m}[/versions/{v}]/infer``. Errors are 400/404 with ``{"error": ...}``.
 
+With ``--grpc-port``, the same loop also serves KServe v2 gRPC ``ModelInfer`` (tensors in
+``raw_input_contents``, outputs in ``raw_output_contents``) on a ``grpc.aio`` server, the
+library Naiad's gateway uses: what any Python gRPC front of this model must at least spend.
+
     .venv/bin/python bench/floor_server.py --model-repository .bench/repository --port 8000
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 from pathlib import Path
 
@@ -195,20 +200,63 @@ def create_app(models: dict[str, Model]) -> web.Application:
     return app
 
 
+async def model_infer(models: dict[str, Model], request, context):
+    """``ModelInfer``: raw input tensors in, raw output tensors out (NOT_FOUND for an unknown
+    model, INVALID_ARGUMENT for inputs that do not fit or a failing run)."""
+    import grpc  # noqa: PLC0415 - only a --grpc-port run needs it
+    from tritonclient.grpc import service_pb2 as pb  # noqa: PLC0415
+
+    model = models.get(request.model_name)
+    if model is None:
+        await context.abort(grpc.StatusCode.NOT_FOUND, "unknown model")
+    try:
+        feeds = {spec.name: np.frombuffer(raw, V2_TO_NUMPY[spec.datatype]).reshape(list(spec.shape))
+                 for spec, raw in zip(request.inputs, request.raw_input_contents, strict=True)}  # fmt: skip
+        names = [o.name for o in request.outputs] or model.output_names
+        results = model.session.run(names, feeds)
+    except Exception as exc:  # noqa: BLE001 - the client's input is at fault here
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"inference failed: {exc}")
+    response = pb.ModelInferResponse(model_name=model.name, model_version="1", id=request.id)
+    for name, array in zip(names, results, strict=True):
+        response.outputs.add(name=name, datatype=NUMPY_TO_V2[array.dtype], shape=array.shape)
+        response.raw_output_contents.append(np.ascontiguousarray(array).tobytes())
+    return response
+
+
+async def serve(models: dict[str, Model], host: str, port: int, grpc_port: int | None) -> None:
+    """The HTTP app on ``port`` and, with ``grpc_port``, ``ModelInfer`` there, until killed."""
+    runner = web.AppRunner(create_app(models), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    if grpc_port is not None:
+        import grpc  # noqa: PLC0415
+        from tritonclient.grpc import service_pb2 as pb  # noqa: PLC0415
+
+        async def handler(request, context):
+            return await model_infer(models, request, context)
+
+        method = grpc.unary_unary_rpc_method_handler(
+            handler, request_deserializer=pb.ModelInferRequest.FromString,
+            response_serializer=pb.ModelInferResponse.SerializeToString,
+        )  # fmt: skip
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler("inference.GRPCInferenceService", {"ModelInfer": method}),)
+        )
+        server.add_insecure_port(f"{host}:{grpc_port}")
+        await server.start()
+    await asyncio.Event().wait()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-repository", type=Path, required=True)
     parser.add_argument("--models", nargs="*", help="serve only these")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--grpc-port", type=int, help="also serve gRPC ModelInfer here")
     args = parser.parse_args()
-    web.run_app(
-        create_app(load_models(args.model_repository, args.models)),
-        host=args.host,
-        port=args.port,
-        access_log=None,
-        print=None,
-    )
+    asyncio.run(serve(load_models(args.model_repository, args.models), args.host, args.port, args.grpc_port))
 
 
 if __name__ == "__main__":

@@ -195,17 +195,25 @@ def peers(run: Run, repo: Path) -> dict:
             continue
         with running(start()) as server:
             for label, model in measured:
-                for suffix, protocol, encoding in encodings(run, all_of_them=name in ("triton", "naiad")):
+                for suffix, protocol, encoding in encodings(run, SPOKEN.get(name, ("json",))):
                     url = server.grpc_url if protocol == "grpc" else server.http_url
                     run.measure(server, f"{label} {suffix}", target(url, model, protocol, encoding), suffix)
     return peer_targets(run)
 
 
-def encodings(run: Run, all_of_them: bool) -> list[tuple[str, str, str]]:
-    """The :data:`ENCODINGS` a server is measured with: all, or JSON alone; ``--encoding``
+#: The encodings each peers server is measured with, where not JSON alone: Triton and Naiad
+#: all; the floor also gRPC (what a ``grpc.aio`` front costs at least, beside Triton's).
+SPOKEN = {
+    "triton": ("json", "binary", "grpc"),
+    "naiad": ("json", "binary", "grpc"),
+    "floor": ("json", "grpc"),
+}
+
+
+def encodings(run: Run, spoken: Sequence[str]) -> list[tuple[str, str, str]]:
+    """The :data:`ENCODINGS` of ``spoken`` a server is measured with; ``--encoding``
     narrows them."""
-    chosen = ENCODINGS if all_of_them else ENCODINGS[:1]
-    return [e for e in chosen if not run.args.encoding or e[0] in run.args.encoding]
+    return [e for e in ENCODINGS if e[0] in spoken and (not run.args.encoding or e[0] in run.args.encoding)]
 
 
 def at_most(name: str, num: dict | None, den: dict | None, goal: float, must: float | None = None) -> dict:
@@ -241,6 +249,13 @@ def peer_targets(run: Run) -> dict:
             ]
             if suffix != "grpc":
                 targets.append(ratio(f"c32 {label} / MLServer best (throughput)", point(naiad, 32), ml32, 2))
+    # Not a target of Naiad's: how near Triton's gRPC a grpc.aio front can come at all.
+    floor, triton = run.get("floor grpc"), run.get("triton python grpc")
+    name = "reference: {} floor grpc (grpc.aio, no queue) / triton ({})"
+    targets += [
+        ratio(name.format("c32", "throughput"), point(floor, 32), point(triton, 32), 1.0),
+        at_most(name.format("c1", "p50"), point(floor, 1), point(triton, 1), 1.2),
+    ]
     return {"targets": targets}
 
 

@@ -193,7 +193,8 @@ def start_naiad(
 
 
 def start_floor(repository: Path, workdir: Path, models: Sequence[str], name: str = "floor") -> Server:
-    http = free_port()
+    """``bench/floor_server.py`` over ``models``: HTTP, and gRPC ``ModelInfer``."""
+    http, grpc = free_port(), free_port()
     args = [
         sys.executable,
         str(ROOT / "bench" / "floor_server.py"),
@@ -201,10 +202,12 @@ def start_floor(repository: Path, workdir: Path, models: Sequence[str], name: st
         str(repository),
         "--port",
         str(http),
+        "--grpc-port",
+        str(grpc),
         "--models",
         *models,
     ]
-    return _start(name, args, workdir, http, None, models)
+    return _start(name, args, workdir, http, grpc, models)
 
 
 def peer_python(peer: str) -> Path:

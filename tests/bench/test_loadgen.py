@@ -12,7 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from bench.perf import loadgen, report
 from bench.perf.models import build_tiny
@@ -57,6 +59,27 @@ def test_floor_answers_like_triton(floor: Server) -> None:
     tensor.set_data_from_numpy(x)
     result = client.infer("tiny", [tensor], outputs=[httpclient.InferRequestedOutput("output")])
     np.testing.assert_array_equal(result.as_numpy("output"), x)
+    client.close()
+
+
+def test_floor_answers_grpc_like_triton(floor: Server) -> None:
+    """The floor's gRPC ModelInfer: tritonclient.grpc's request, the identity comes back; an
+    unknown model is NOT_FOUND, a tensor that does not fit its shape INVALID_ARGUMENT."""
+    client = grpcclient.InferenceServerClient(floor.grpc_url)
+    x = np.random.default_rng(1).random((2, 16)).astype(np.float32)
+    tensor = grpcclient.InferInput("input", [2, 16], "FP32")
+    tensor.set_data_from_numpy(x)
+    result = client.infer("tiny", [tensor], outputs=[grpcclient.InferRequestedOutput("output")])
+    np.testing.assert_array_equal(result.as_numpy("output"), x)
+    with pytest.raises(InferenceServerException, match="unknown model") as caught:
+        client.infer("nope", [tensor])
+    assert caught.value.status() == "StatusCode.NOT_FOUND"
+    wrong = grpcclient.InferInput("input", [2, 16], "FP32")
+    wrong.set_data_from_numpy(x)
+    wrong._input.shape[:] = [3, 16]  # the shape says 48 elements, the bytes hold 32
+    with pytest.raises(InferenceServerException, match="inference failed") as caught:
+        client.infer("tiny", [wrong])
+    assert caught.value.status() == "StatusCode.INVALID_ARGUMENT"
     client.close()
 
 
