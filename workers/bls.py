@@ -24,7 +24,6 @@ import asyncio
 import concurrent.futures
 import json
 import logging
-import threading
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -40,7 +39,7 @@ from naiad.registry import ModelEntry, RegistryReader, select_version
 from naiad.settings import Settings
 from naiad.stats_writer import StatsWriter
 from repository_store.ensemble import is_ensemble
-from workers.backends.python import OnEventLoop, triton_error
+from workers.backends.python import triton_error
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +55,6 @@ class BlsClient:
         self.registry = RegistryReader(redis)
         self.client_id = f"bls-{worker_id}"
         self.loop = asyncio.get_running_loop()
-        self._loop_thread = threading.get_ident()
         self._client: ModelClient | None = None
         self._reader: Redis | None = None
         self._starting = asyncio.Lock()
@@ -64,11 +62,7 @@ class BlsClient:
     def submit(
         self, request: pb_utils.InferenceRequest
     ) -> concurrent.futures.Future[pb_utils.InferenceResponse]:
-        """Send ``request`` from a model's thread; the future's result is its response.
-        Raises :class:`OnEventLoop` when called on the worker's event loop (the model's
-        ``execute`` runs there: :mod:`workers.execution`), which the response would need."""
-        if threading.get_ident() == self._loop_thread:
-            raise OnEventLoop
+        """Send ``request`` from a model's thread; the future's result is its response."""
         return asyncio.run_coroutine_threadsafe(self.execute(request), self.loop)
 
     async def execute(self, request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:

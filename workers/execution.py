@@ -13,10 +13,6 @@ compute_input 0 (nothing to merge), compute_infer (the backend), compute_output 
 The backend runs in a thread, so the worker's event loop (heartbeats, claims) keeps going,
 unless the batch is expected to compute within :data:`INLINE_INFER_S`: then a thread
 hand-off would cost more than the model, and it runs on the event loop (:func:`expected_ns`).
-A request-level backend runs there only when it says it may (``loop_safe``: a Python model
-whose ``execute`` waits on nothing of that loop, :class:`workers.backends.python.PythonBackend`);
-one that turns out to wait on it (a BLS call) raises :class:`~workers.backends.python.OnEventLoop`
-before anything is sent, and the batch runs again in a thread, as every later one of it does.
 """
 
 from __future__ import annotations
@@ -36,7 +32,6 @@ from naiad.datatypes import datatype_of
 from naiad.errors import InferenceFailed, NaiadError
 from naiad.inference import Tensor
 from workers import batching, rate_limiter
-from workers.backends.python import OnEventLoop
 from workers.loader import VersionLoader
 from workers.model import ModelRunner
 
@@ -90,7 +85,7 @@ class BatchExecutor:
             runner = await self.loader.get(group[0].request.version)
             async with rate_limiter.slot(self.rate_limit):
                 if is_request_level(runner):
-                    return await self._run_requests(runner, group)
+                    return await run_requests(runner, group)
                 return await self._run_merged(runner, group)
         except NaiadError as exc:
             error = exc
@@ -132,44 +127,33 @@ class BatchExecutor:
         under :data:`INLINE_INFER_S` (:func:`expected_ns` of what ``runner`` took before)."""
         return expected_ns(self._infer_ns.get(runner, {}), rows) < INLINE_INFER_S * 1e9
 
-    async def _run_requests(
-        self, runner: ModelRunner, group: Sequence[QueuedRequest]
-    ) -> tuple[list[bytes], stats.Execution]:
-        """Run ``group`` (one batch, one version) through the backend's ``execute_requests``
-        (on the event loop when it is ``loop_safe`` and :meth:`inline`, else in a thread):
-        the encoded replies in ``group`` order and the batch's statistics. Raises what the
-        backend raises when the whole batch fails."""
-        requests = [queued.request for queued in group]
-        batched = runner.config.max_batch_size > 0
-        rows = sum(batching.rows(r) if batched else 1 for r in requests)
-        backend = runner.backend
-        started_s, t1 = time.time(), time.perf_counter_ns()
-        with tracing.span("naiad.backend", {"naiad.batch_rows": rows, "naiad.batch_requests": len(group)}):
-            results = None
-            if getattr(backend, "loop_safe", False) and self.inline(runner, rows):
-                try:
-                    results = backend.execute_requests(requests)  # type: ignore[attr-defined]
-                except OnEventLoop:
-                    backend.loop_safe = False  # type: ignore[attr-defined]
-                    logger.warning("model '%s' calls another model (BLS) from execute: its batches "
-                                   "run in a thread from now on, this one again", self.model)  # fmt: skip
-            if results is None:
-                results = await asyncio.to_thread(backend.execute_requests, requests)  # type: ignore[attr-defined]
-        t2 = time.perf_counter_ns()
-        self._infer_ns.setdefault(runner, {})[rows.bit_length()] = t2 - t1
-        phases = {"compute_input": 0, "compute_infer": t2 - t1}
-        payloads = [
-            encode_reply(Reply(q.queue_id, error=result) if isinstance(result, NaiadError)
-                         else Reply(q.queue_id, result, timings_ns=dict(phases)))
-            for q, result in zip(group, results, strict=True)
-        ]  # fmt: skip
-        phases["compute_output"] = time.perf_counter_ns() - t2
-        return payloads, _execution(requests[0].version, rows, group, started_s, phases)
-
 
 def is_request_level(runner: ModelRunner) -> bool:
     """True when ``runner``'s backend answers requests one by one (``execute_requests``)."""
     return callable(getattr(runner.backend, "execute_requests", None))
+
+
+async def run_requests(
+    runner: ModelRunner, group: Sequence[QueuedRequest]
+) -> tuple[list[bytes], stats.Execution]:
+    """Run ``group`` (one batch, one version) through the backend's ``execute_requests``,
+    in a thread: the encoded replies in ``group`` order and the batch's statistics. Raises
+    what the backend raises when the whole batch fails."""
+    requests = [queued.request for queued in group]
+    batched = runner.config.max_batch_size > 0
+    rows = sum(batching.rows(r) if batched else 1 for r in requests)
+    started_s, t1 = time.time(), time.perf_counter_ns()
+    with tracing.span("naiad.backend", {"naiad.batch_rows": rows, "naiad.batch_requests": len(group)}):
+        results = await asyncio.to_thread(runner.backend.execute_requests, requests)  # type: ignore[attr-defined]
+    t2 = time.perf_counter_ns()
+    phases = {"compute_input": 0, "compute_infer": t2 - t1}
+    payloads = [
+        encode_reply(Reply(q.queue_id, error=result) if isinstance(result, NaiadError)
+                     else Reply(q.queue_id, result, timings_ns=dict(phases)))
+        for q, result in zip(group, results, strict=True)
+    ]  # fmt: skip
+    phases["compute_output"] = time.perf_counter_ns() - t2
+    return payloads, _execution(requests[0].version, rows, group, started_s, phases)
 
 
 def _execution(

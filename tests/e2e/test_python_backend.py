@@ -254,36 +254,6 @@ def test_async_bls_with_calls_in_flight(client, digits_onnx, digits_holdout):
     np.testing.assert_array_equal(result.as_numpy("LABEL"), digits_onnx.run(["label"], {"input": x})[0])
 
 
-def test_a_bls_call_from_execute_on_the_event_loop_runs_its_batch_again_in_a_thread(
-    server, client, digits_onnx, digits_holdout
-):
-    """A model whose sources name no BLS call runs its quick batches on the worker's event
-    loop; the BLS call it makes there all the same is refused before it is sent, and the
-    batch runs again in a thread (``execute`` twice), as all its later batches do."""
-    x = np.ascontiguousarray(digits_holdout[0][:3])
-    expected = digits_onnx.run(["label"], {"input": x})[0]
-
-    def infer(**parameters):
-        result = client.infer("bls_now_and_then", [tensor("PIXELS", x, "FP32")], parameters=parameters)
-        executes, on_loop = result.as_numpy("EXECUTES")[0], result.as_numpy("ON_LOOP_THREAD")[0]
-        return result.as_numpy("LABEL"), int(executes), bool(on_loop)
-
-    for _ in range(10):  # a batch ran on the loop when the one before it was quick (< 1 ms)
-        label, executes, on_loop = infer()
-        assert label.tolist() == [[-1]] * 3
-        if on_loop:
-            break
-    assert on_loop, "no quick batch ran on the worker's event loop"
-    label, called, on_loop = infer(call=True)
-    np.testing.assert_array_equal(label, expected)
-    assert (called, on_loop) == (executes + 2, False)  # refused on the loop, run again in a thread
-    assert server.log().count("calls another model (BLS) from execute") == 1
-    for n, call in enumerate((False, True, False)):  # in a thread from then on, quick or not
-        label, executes, on_loop = infer(call=call)
-        assert (executes, on_loop) == (called + 1 + n, False)
-        np.testing.assert_array_equal(label, expected if call else [[-1]] * 3)
-
-
 def test_auto_complete_config(client):
     config = client.get_model_config("auto")
     assert config["max_batch_size"] == 4 and "dynamic_batching" in config

@@ -259,23 +259,3 @@ def test_an_output_reshape_is_checked_on_the_model_side(tmp_path):
     backend = load(write_model(tmp_path, "n", RETURNS.replace("{tensors}", flat), config=config))
     (error,) = backend.execute_requests([request(1.0, rows=2)])
     assert "output 'Y' has shape [2, 4], its configuration expects [2, 2, 2]" in error.message
-
-
-@pytest.mark.parametrize(
-    ("source", "helper", "safe"),
-    [
-        (ECHO, "", True),
-        (ECHO, "import triton_python_backend_utils as pb_utils\nCALL = pb_utils.InferenceRequest\n", False),
-        (ECHO, "import asyncio\n", False),
-        (ECHO.replace("def execute", "async def execute"), "", False),
-    ],
-    ids=["plain", "bls-in-a-helper-module", "asyncio-in-a-helper-module", "async-execute"],
-)  # fmt: skip
-def test_which_models_may_run_on_the_workers_event_loop(tmp_path, source, helper, safe):
-    folder = write_model(tmp_path, "m", source)
-    if helper:
-        (folder / "1" / "helpers").mkdir()
-        (folder / "1" / "helpers" / "calls.py").write_text(helper)
-    backend = load(folder)
-    assert backend.loop_safe is safe
-    backend.close()

@@ -32,14 +32,6 @@ imports :mod:`triton_python_backend_utils`. Here:
   request naming none gets the declared outputs the model gave, as from Triton). Triton's Python
   backend passes such outputs through unchecked; its framework backends reject them
   ("configuration expects datatype ... for output ..."), which is what a client relies on.
-- **Where it runs**: in a thread, so the worker's event loop keeps going; a batch expected to
-  take under a millisecond runs on that loop itself (:mod:`workers.execution`), saving two
-  thread hand-offs, when the model is :attr:`PythonBackend.loop_safe`: a plain ``def
-  execute`` whose sources (the ``.py`` files of its version folder) name neither
-  ``InferenceRequest`` (a BLS call waits on that loop) nor ``asyncio`` (``asyncio.run`` cannot
-  start inside a running loop). A BLS call made there all the same raises
-  :class:`OnEventLoop` before it is sent; that batch runs again in a thread, and so do all
-  the model's later ones (``execute`` then ran twice for that one batch).
 - **Finalize**: :meth:`PythonBackend.close` calls ``finalize()`` when the worker exits.
 """
 
@@ -135,26 +127,6 @@ def instance_args(version_dir: Path, config: mc.ModelConfig, device: str) -> dic
     }
 
 
-#: Names in a model's sources that keep its ``execute`` off the worker's event loop.
-LOOP_UNSAFE_NAMES = (b"InferenceRequest", b"asyncio")
-
-
-class OnEventLoop(BaseException):  # noqa: N818 - a signal to the worker, not an error
-    """A BLS call from an ``execute`` running on the worker's event loop, which that call
-    would wait on forever: the worker runs the batch again in a thread. A BaseException, so
-    a model's ``except Exception`` does not swallow it."""
-
-
-def names_loop_waits(version_dir: Path) -> bool:
-    """True when a ``.py`` file under ``version_dir`` names one of :data:`LOOP_UNSAFE_NAMES`
-    (or cannot be read)."""
-    try:
-        sources = [path.read_bytes() for path in version_dir.rglob("*.py")]
-    except OSError:
-        return True
-    return any(name in source for source in sources for name in LOOP_UNSAFE_NAMES)
-
-
 class OutputRule(NamedTuple):
     """What :func:`output_fault` checks of one config output, read out of it once: its
     ``name``, its config ``datatype`` (``TYPE_FP32``) and ``dims`` (``reshape.shape`` when
@@ -226,8 +198,6 @@ class PythonBackend:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.module = self._import(path)
         self.model = self._create()
-        #: ``execute`` may run on the worker's event loop (module doc, "Where it runs").
-        self.loop_safe = self._loop is None and not names_loop_waits(path.parent)
         self._closed = False
 
     def _import(self, path: Path) -> ModuleType:
