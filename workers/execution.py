@@ -12,7 +12,11 @@ compute_input 0 (nothing to merge), compute_infer (the backend), compute_output 
 
 The backend runs in a thread, so the worker's event loop (heartbeats, claims) keeps going,
 unless the batch is expected to compute within :data:`INLINE_INFER_S`: then a thread
-hand-off would cost more than the model, and it runs on the event loop (:func:`expected_ns`).
+hand-off would cost more than the model, and it runs on the event loop (:func:`expected_ns`,
+from what batches of as many input elements took: a batch of the same rows but longer
+sequences, or larger images, is another size class). A request-level backend (a Python
+model: its time depends on its input and its code on anything it imports, docs/benchmarks.md
+"Stop 22") always runs in a thread.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ class BatchExecutor:
         #: Triton's rate limiter (``--rate-limit execution_count``): a batch runs only with its
         #: instance group's resources held, machine-wide; None: off, or no resources.
         self.rate_limit: rate_limiter.RateLimiter | None = None
-        # each runner's last compute_infer (ns) per batch size class (rows.bit_length())
+        # each runner's last compute_infer (ns) per batch size class (input elements' bit_length())
         self._infer_ns: weakref.WeakKeyDictionary[ModelRunner, dict[int, int]] = weakref.WeakKeyDictionary()
 
     async def execute(self, group: list[QueuedRequest]) -> tuple[list[bytes], stats.Execution | None]:
@@ -105,13 +109,14 @@ class BatchExecutor:
         feed = runner.feed(batching.merge(requests), sum(sizes))
         names = runner.names([o.name for o in requests[0].outputs])
         t1 = time.perf_counter_ns()
+        elements = sum(array.size for array in feed.values())
         with tracing.span("naiad.backend", {"naiad.batch_rows": sum(sizes)}):
-            if self.inline(runner, sum(sizes)):
+            if self.inline(runner, elements):
                 results = runner.backend.infer(feed, names)
             else:
                 results = await asyncio.to_thread(runner.backend.infer, feed, names)
         t2 = time.perf_counter_ns()
-        self._infer_ns.setdefault(runner, {})[sum(sizes).bit_length()] = t2 - t1
+        self._infer_ns.setdefault(runner, {})[elements.bit_length()] = t2 - t1
         outputs = runner.restore(results, names, sum(sizes))
         parts = batching.split(outputs, sizes) if batched else [outputs]
         phases = {"compute_input": t1 - t0, "compute_infer": t2 - t1}
@@ -122,10 +127,11 @@ class BatchExecutor:
         phases["compute_output"] = time.perf_counter_ns() - t2
         return payloads, _execution(requests[0].version, sum(sizes), group, started_s, phases)
 
-    def inline(self, runner: ModelRunner, rows: int) -> bool:
-        """Run this batch on the event loop, not in a thread: when it is expected to take
-        under :data:`INLINE_INFER_S` (:func:`expected_ns` of what ``runner`` took before)."""
-        return expected_ns(self._infer_ns.get(runner, {}), rows) < INLINE_INFER_S * 1e9
+    def inline(self, runner: ModelRunner, elements: int) -> bool:
+        """Run this batch (``elements``: its inputs' element count, all inputs together) on
+        the event loop, not in a thread: when it is expected to take under
+        :data:`INLINE_INFER_S` (:func:`expected_ns` of what ``runner`` took before)."""
+        return expected_ns(self._infer_ns.get(runner, {}), elements) < INLINE_INFER_S * 1e9
 
 
 def is_request_level(runner: ModelRunner) -> bool:
@@ -165,18 +171,19 @@ def _execution(
     return stats.Execution(version, rows, queue_ns, phases, int(time.time() * 1000))
 
 
-def expected_ns(by_class: dict[int, int], rows: int) -> float:
-    """A batch of ``rows`` rows' expected compute time (ns) from ``by_class`` (the last time
-    per size class, ``rows.bit_length()``): the same class's time; else the nearest smaller
-    class's time scaled by the rows (a batch costs less per row than one row alone, so this
-    overestimates), else a larger class's time; inf when nothing was seen (a thread, once)."""
-    size_class = rows.bit_length()
+def expected_ns(by_class: dict[int, int], size: int) -> float:
+    """A batch's expected compute time (ns), ``size`` its inputs' element count, from
+    ``by_class`` (the last time per size class, ``size.bit_length()``): the same class's time;
+    else the nearest smaller class's time scaled by the size (a batch costs less per element
+    than a smaller one, so this overestimates), else a larger class's time; inf when nothing
+    was seen (a thread, once)."""
+    size_class = size.bit_length()
     if size_class in by_class:
         return by_class[size_class]
     smaller = [c for c in by_class if c < size_class]
     if smaller:
         nearest = max(smaller)
-        return by_class[nearest] * rows / (1 << (nearest - 1))
+        return by_class[nearest] * size / (1 << (nearest - 1) if nearest else 1)
     return min(by_class.values(), default=math.inf)
 
 
