@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -223,29 +224,45 @@ async def model_infer(models: dict[str, Model], request, context):
     return response
 
 
+def grpc_server(models: dict[str, Model], host: str, port: int):
+    """A ``grpc.aio`` server with ``ModelInfer`` (:func:`model_infer`) on ``host:port``, not started."""
+    import grpc  # noqa: PLC0415 - only a --grpc-port run needs it
+    from tritonclient.grpc import service_pb2 as pb  # noqa: PLC0415
+
+    async def handler(request, context):
+        return await model_infer(models, request, context)
+
+    method = grpc.unary_unary_rpc_method_handler(
+        handler, request_deserializer=pb.ModelInferRequest.FromString,
+        response_serializer=pb.ModelInferResponse.SerializeToString,
+    )  # fmt: skip
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("inference.GRPCInferenceService", {"ModelInfer": method}),)
+    )
+    server.add_insecure_port(f"{host}:{port}")
+    return server
+
+
 async def serve(models: dict[str, Model], host: str, port: int, grpc_port: int | None) -> None:
-    """The HTTP app on ``port`` and, with ``grpc_port``, ``ModelInfer`` there, until killed."""
+    """The HTTP app on ``port`` and, with ``grpc_port``, ``ModelInfer`` there, until SIGINT
+    or SIGTERM; then both stop (in-flight calls get no grace: a benchmark's server)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
     runner = web.AppRunner(create_app(models), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
-    if grpc_port is not None:
-        import grpc  # noqa: PLC0415
-        from tritonclient.grpc import service_pb2 as pb  # noqa: PLC0415
-
-        async def handler(request, context):
-            return await model_infer(models, request, context)
-
-        method = grpc.unary_unary_rpc_method_handler(
-            handler, request_deserializer=pb.ModelInferRequest.FromString,
-            response_serializer=pb.ModelInferResponse.SerializeToString,
-        )  # fmt: skip
-        server = grpc.aio.server()
-        server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler("inference.GRPCInferenceService", {"ModelInfer": method}),)
-        )
-        server.add_insecure_port(f"{host}:{grpc_port}")
+    server = grpc_server(models, host, grpc_port) if grpc_port is not None else None
+    if server is not None:
         await server.start()
-    await asyncio.Event().wait()
+    try:
+        await stop.wait()
+    finally:
+        if server is not None:
+            await server.stop(None)
+        await runner.cleanup()
 
 
 def main() -> None:

@@ -174,9 +174,12 @@ def _execution(
 def expected_ns(by_class: dict[int, int], size: int) -> float:
     """A batch's expected compute time (ns), ``size`` its inputs' element count, from
     ``by_class`` (the last time per size class, ``size.bit_length()``): the same class's time;
-    else the nearest smaller class's time scaled by the size (a batch costs less per element
-    than a smaller one, so this overestimates), else a larger class's time; inf when nothing
-    was seen (a thread, once)."""
+    else the nearest smaller class's time scaled by the size, else a larger class's time; inf
+    when nothing was seen (a thread, once). A batch usually costs less per element than a
+    smaller one, so the scaling usually overestimates; a model whose cost grows faster than
+    its input (attention along a sequence) is underestimated, and a BYTES element counts one
+    whatever its length: such a batch may run on the loop once, its time then sending its
+    class to a thread."""
     size_class = size.bit_length()
     if size_class in by_class:
         return by_class[size_class]
