@@ -4,7 +4,7 @@ Starts ``naiad serve`` on the benchmark repository, loads ``--model`` at ``--con
 (HTTP, binary tensors, :mod:`bench.perf.loadgen`) until the workers are up and warm, then for
 ``--duration`` seconds records every Python process of the server with ``py-spy record
 --nonblocking`` (sampling without pausing the process, ``--rate`` Hz) while measuring the load
-and each process's CPU (gateway, redis-server, workers). Writes under ``--out``:
+and each process's and thread's CPU (gateway, redis-server, workers). Writes under ``--out``:
 ``PROCESS.txt`` collapsed stacks (open them in speedscope or flamegraph.pl) and ``profile.md``: the CPU split
 and, per process, the top functions by *self* samples (on top of the stack) and Naiad's own
 functions by *inclusive* samples (anywhere on the stack), as shares of that process's samples.
@@ -56,6 +56,37 @@ def cpu_seconds(proc: psutil.Process) -> float:
 
 
 PROJECT = ("naiad/", "gateway/", "workers/", "repository_store/")
+
+
+def thread_seconds(proc: psutil.Process) -> dict[int, tuple[str, float]]:
+    """CPU seconds (user + system) of each thread of ``proc`` by thread id, with the thread's
+    name (Linux ``/proc/PID/task/TID/comm``; ``?`` where it cannot be read)."""
+    try:
+        threads = proc.threads()
+    except psutil.Error:
+        return {}
+    found = {}
+    for thread in threads:
+        try:
+            name = Path(f"/proc/{proc.pid}/task/{thread.id}/comm").read_text().strip()
+        except OSError:
+            name = "?"
+        found[thread.id] = (name, thread.user_time + thread.system_time)
+    return found
+
+
+def thread_costs(
+    before: dict, after: dict, requests: int, wall_s: float
+) -> list[tuple[str, str, float, float]]:
+    """``(process, thread, µs a request, cores)`` of every thread that used at least 1 % of a
+    core between two :func:`thread_seconds` snapshots per process, busiest first."""
+    rows = []
+    for process, threads in after.items():
+        for tid, (name, seconds) in threads.items():
+            used = seconds - before.get(process, {}).get(tid, (name, 0.0))[1]
+            if used / wall_s >= 0.01:
+                rows.append((process, f"{name} ({tid})", 1e6 * used / max(requests, 1), used / wall_s))
+    return sorted(rows, key=lambda row: -row[3])
 
 
 def top_frames(collapsed: Path, count: int = 10) -> tuple[int, list, list]:
@@ -112,15 +143,19 @@ async def profile(server, args) -> dict:
                  for name, proc in procs.items() if name != "redis"]  # fmt: skip
         await asyncio.sleep(1.0)  # py-spy attaches
         before = {name: cpu_seconds(proc) for name, proc in procs.items()}
+        threads_before = {name: thread_seconds(proc) for name, proc in procs.items()}
         started = time.perf_counter()
         point = await loadgen.closed_loop(client.send, args.concurrency, 0.0, args.duration - 2.0)
         wall = time.perf_counter() - started
         cpu = {name: (cpu_seconds(proc) - before[name]) / wall for name, proc in procs.items()}
+        threads_after = {name: thread_seconds(proc) for name, proc in procs.items()}
     finally:
         await client.close()
     for proc in spies:
         proc.wait(60)
-    return {"point": point, "cpu": cpu, "processes": list(procs)}
+    requests = round(point["throughput_rps"] * wall)
+    threads = thread_costs(threads_before, threads_after, requests, wall)
+    return {"point": point, "cpu": cpu, "processes": list(procs), "threads": threads}
 
 
 def render(result: dict, args) -> str:
@@ -132,6 +167,12 @@ def render(result: dict, args) -> str:
         f"p99 {p['latency_ms']['p99']} ms; load generator {p['client_cpu']:.2f} cores.",
         "",
         "CPU (cores) per process: " + ", ".join(f"{n} {v:.2f}" for n, v in result["cpu"].items()),
+        "",
+        "CPU per thread (`/proc/PID/task`; threads over 1 % of a core):",
+        "",
+        "| process | thread | µs a request | cores |",
+        "| --- | --- | --- | --- |",
+        *(f"| {p} | {t} | {us:.1f} | {cores:.2f} |" for p, t, us, cores in result["threads"]),
         "",
     ]
     for name in result["processes"]:
