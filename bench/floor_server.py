@@ -26,9 +26,11 @@ import json
 import signal
 from pathlib import Path
 
+import grpc
 import numpy as np
 import onnxruntime as ort
 from aiohttp import web
+from tritonclient.grpc import service_pb2 as pb
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 V2_TO_NUMPY = {
@@ -204,9 +206,6 @@ def create_app(models: dict[str, Model]) -> web.Application:
 async def model_infer(models: dict[str, Model], request, context):
     """``ModelInfer``: raw input tensors in, raw output tensors out (NOT_FOUND for an unknown
     model, INVALID_ARGUMENT for inputs that do not fit or a failing run)."""
-    import grpc  # noqa: PLC0415 - only a --grpc-port run needs it
-    from tritonclient.grpc import service_pb2 as pb  # noqa: PLC0415
-
     model = models.get(request.model_name)
     if model is None:
         await context.abort(grpc.StatusCode.NOT_FOUND, "unknown model")
@@ -226,9 +225,6 @@ async def model_infer(models: dict[str, Model], request, context):
 
 def grpc_server(models: dict[str, Model], host: str, port: int):
     """A ``grpc.aio`` server with ``ModelInfer`` (:func:`model_infer`) on ``host:port``, not started."""
-    import grpc  # noqa: PLC0415 - only a --grpc-port run needs it
-    from tritonclient.grpc import service_pb2 as pb  # noqa: PLC0415
-
     async def handler(request, context):
         return await model_infer(models, request, context)
 

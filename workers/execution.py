@@ -108,8 +108,8 @@ class BatchExecutor:
         sizes = [batching.rows(r) if batched else 1 for r in requests]
         feed = runner.feed(batching.merge(requests), sum(sizes))
         names = runner.names([o.name for o in requests[0].outputs])
-        t1 = time.perf_counter_ns()
         elements = sum(array.size for array in feed.values())
+        t1 = time.perf_counter_ns()
         with tracing.span("naiad.backend", {"naiad.batch_rows": sum(sizes)}):
             if self.inline(runner, elements):
                 results = runner.backend.infer(feed, names)
