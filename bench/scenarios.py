@@ -18,7 +18,9 @@ each with the same load generator (:mod:`bench.perf.loadgen`) and writes ``NAME.
   the ONNX graph in its ONNX backend), MLServer 1.7 (adaptive batching off and on; the better one
   counts) and KServe 0.21: JSON, binary tensors and gRPC where the server speaks them. Targets
   (:func:`peer_targets`): against Triton, c32 throughput ≥ 1× (must 0.8×) and c1 p50 ≤ 1.2× (must
-  1.5×) per encoding; against MLServer's best (JSON), c32 ≥ 2×. Needs ``make bench-setup``.
+  1.5×) per encoding; against MLServer's best (JSON), c32 ≥ 2×. Reference lines beside them:
+  the grpc.aio floor against Triton's gRPC, and what Naiad's c32 points could reach at their
+  measured costs (:func:`bounds`). Needs ``make bench-setup``.
 - ``coldstart`` / ``cache``: run ``bench/cold_start.py`` / ``bench/cache_zipf.py`` on the
   benchmark repository's ``digits`` (arguments after ``--`` go to them) and keep their Markdown
   under ``--out``.
@@ -27,6 +29,7 @@ each with the same load generator (:mod:`bench.perf.loadgen`) and writes ``NAME.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import time
@@ -256,7 +259,38 @@ def peer_targets(run: Run) -> dict:
         ratio(name.format("c32", "throughput"), point(floor, 32), point(triton, 32), 1.0),
         at_most(name.format("c1", "p50"), point(floor, 1), point(triton, 1), 1.2),
     ]
-    return {"targets": targets}
+    return {"targets": targets + bounds(run)}
+
+
+def bounds(run: Run) -> list[dict]:
+    """Reference lines, not targets: the most Naiad's c32 points could reach on this
+    machine at their measured costs, over Triton's throughput. *One gateway loop*: the
+    gateway process is one event loop, at most one core, so at most 10⁶ / (its CPU µs a
+    request) requests a second; *all cores*: ``os.cpu_count()`` cores over the request's CPU
+    in every process (server tree and load generator). Each is reached only with no waiting
+    anywhere: a measured point below both waits on something (a round trip, a batch)."""
+    lines = []
+    for suffix, _, _ in ENCODINGS:
+        triton = point(run.get(f"triton python {suffix}"), 32)
+        for backend in ("onnx", "python"):
+            naiad = point(run.get(f"naiad {backend} {suffix}"), 32)
+            name = f"reference: c32 naiad {backend} {suffix}, {{}} bound / triton"
+            loop, cores = cost_bounds(naiad)
+            lines += [ratio(name.format("one gateway loop's"), loop, triton, 1.0),
+                      ratio(name.format("all cores'"), cores, triton, 1.0)]  # fmt: skip
+    return lines
+
+
+def cost_bounds(measured: dict | None) -> tuple[dict | None, dict | None]:
+    """``(one gateway loop, all cores)``: :func:`bounds`' two ceilings of a point with its
+    costs (:mod:`bench.perf.costs`), as ``{"throughput_rps": ...}``; None where a figure is
+    missing."""
+    cpu = ((measured or {}).get("costs") or {}).get("cpu_us_per_request") or {}
+    if not cpu.get("server") or not measured["throughput_rps"]:
+        return None, None
+    client_us = measured.get("client_cpu", 0.0) * 1e6 / measured["throughput_rps"]
+    total_us = sum(cpu.values()) + client_us
+    return {"throughput_rps": 1e6 / cpu["server"]}, {"throughput_rps": (os.cpu_count() or 1) * 1e6 / total_us}
 
 
 SCENARIOS: dict[str, Callable[[Run, Path], dict]] = {
