@@ -71,11 +71,11 @@ def start_moto(workdir: Path) -> tuple[subprocess.Popen, str]:
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     endpoint = f"http://127.0.0.1:{port}"
 
-    def up() -> bool:
+    def up() -> bool:  # moto loads its backends on its first request: seconds on 2 cores
         try:
-            requests.get(endpoint, timeout=1)
+            requests.get(endpoint, timeout=(1.0, 10.0))
             return True
-        except requests.ConnectionError:
+        except (requests.ConnectionError, requests.Timeout):
             return False
 
     wait_until(up, 30, "moto")

@@ -20,14 +20,12 @@ if _ROOT not in sys.path:
 
 import os  # noqa: E402
 import subprocess  # noqa: E402
-import time  # noqa: E402
 import uuid  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 
 import boto3  # noqa: E402
 import pytest  # noqa: E402
-import requests  # noqa: E402
-from naiad_harness import free_port  # noqa: E402
+from naiad_harness import answers_http, free_port, wait_for  # noqa: E402
 
 from naiad.redis_server import EmbeddedRedis  # noqa: E402
 
@@ -36,18 +34,6 @@ S3_ENV = {
     "AWS_SECRET_ACCESS_KEY": "testing",
     "AWS_DEFAULT_REGION": "us-east-1",
 }
-
-
-def wait_http(url: str, timeout_s: float = 30.0) -> None:
-    """Wait until ``url`` answers any HTTP status; fail the test after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            requests.get(url, timeout=1)
-            return
-        except requests.ConnectionError:
-            time.sleep(0.05)
-    raise TimeoutError(f"{url} did not answer within {timeout_s} s")
 
 
 @pytest.fixture
@@ -68,7 +54,7 @@ def s3_endpoint() -> Iterator[str]:
     )
     endpoint = f"http://127.0.0.1:{port}"
     try:
-        wait_http(endpoint)
+        wait_for(lambda: answers_http(endpoint), 60, f"moto's S3 server at {endpoint}")
         yield endpoint
     finally:
         process.terminate()

@@ -85,6 +85,17 @@ def wait_for(condition: Callable[[], object], timeout_s: float, what: str, inter
         time.sleep(interval_s)
 
 
+def answers_http(url: str, read_timeout_s: float = 10.0) -> bool:
+    """``url`` answered with any HTTP status. Not yet listening, or listening but not answering
+    within ``read_timeout_s`` (moto's server loads its backends on its first request: 2.5 s
+    on this machine's 2 cores, more under a test suite's load): False, to be polled again."""
+    try:
+        requests.get(url, timeout=(1.0, read_timeout_s))
+    except (requests.ConnectionError, requests.Timeout):
+        return False
+    return True
+
+
 @dataclass
 class NaiadServer:
     """A running ``naiad serve``: its ports, folders and process."""

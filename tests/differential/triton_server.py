@@ -87,7 +87,7 @@ def _ready(server: TritonServer) -> bool:
     assert server.process.poll() is None, f"tritonserver exited:\n{server.errors()}"
     try:
         return requests.get(server.http + "/v2/health/ready", timeout=1).status_code == 200
-    except requests.ConnectionError:
+    except (requests.ConnectionError, requests.Timeout):
         return False
 
 

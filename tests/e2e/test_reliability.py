@@ -21,7 +21,7 @@ import redis
 import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from naiad_harness import ROOT, free_port, upload_tree, wait_for
+from naiad_harness import ROOT, answers_http, free_port, upload_tree, wait_for
 
 from naiad import keys
 from naiad.redis_server import EmbeddedRedis
@@ -298,7 +298,7 @@ def test_cached_models_serve_while_the_object_store_is_down(
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     endpoint = f"http://127.0.0.1:{port}"
     try:
-        wait_for(lambda: _answers(endpoint), 30, "moto")
+        wait_for(lambda: answers_http(endpoint), 60, "moto")
         import boto3
 
         s3 = boto3.client("s3", endpoint_url=endpoint)
@@ -330,14 +330,6 @@ def test_cached_models_serve_while_the_object_store_is_down(
     finally:
         moto.terminate()
         moto.wait(10)
-
-
-def _answers(url: str) -> bool:
-    try:
-        requests.get(url, timeout=1)
-    except requests.ConnectionError:
-        return False
-    return True
 
 
 SLOW_PY = """
