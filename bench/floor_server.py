@@ -5,7 +5,10 @@ the request, the handler decodes the tensors (JSON ``data`` or Triton's binary t
 docs/protocol/extension_binary_data.md), calls ``InferenceSession.run`` *on the event loop* (no
 queue, no thread, no batching: requests run strictly one after another) and encodes the answer
 (JSON, or binary when the request sets ``binary_data_output`` or an output's ``binary_data``).
-Sessions use ONNX Runtime's default options, as Naiad's worker does.
+Sessions use ONNX Runtime's default options (a run of one row never wakes the intra-op pool,
+so its spinning, which Naiad's ONNX backend turns off, costs nothing here). It runs on the
+event loop every Naiad process runs on (:func:`naiad.eventloop.run`: uvloop when installed,
+with Naiad's garbage-collector tuning), so the floor is the cheapest Python loop, not asyncio's.
 
 Serves every model folder of a Triton-layout repository (``NAME/<newest version>/model.onnx``),
 or only ``--models``. Routes: ``GET /v2/health/live|ready``, ``GET /v2/models/{m}[/ready]``,
@@ -31,6 +34,8 @@ import numpy as np
 import onnxruntime as ort
 from aiohttp import web
 from tritonclient.grpc import service_pb2 as pb
+
+from naiad import eventloop
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 V2_TO_NUMPY = {
@@ -269,7 +274,8 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--grpc-port", type=int, help="also serve gRPC ModelInfer here")
     args = parser.parse_args()
-    asyncio.run(serve(load_models(args.model_repository, args.models), args.host, args.port, args.grpc_port))
+    models = load_models(args.model_repository, args.models)
+    eventloop.run(serve(models, args.host, args.port, args.grpc_port))
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ each with the same load generator (:mod:`bench.perf.loadgen`) and writes ``NAME.
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import time
@@ -256,44 +255,70 @@ def peer_targets(run: Run) -> dict:
     floor, triton = run.get("floor grpc"), run.get("triton python grpc")
     name = "reference: {} floor grpc (grpc.aio, no queue) / triton ({})"
     targets += [
-        ratio(name.format("c32", "throughput"), point(floor, 32), point(triton, 32), 1.0),
-        at_most(name.format("c1", "p50"), point(floor, 1), point(triton, 1), 1.2),
+        reference(name.format("c32", "throughput"), point(floor, 32), point(triton, 32)),
+        reference(name.format("c1", "p50"), point(floor, 1), point(triton, 1), key="p50"),
     ]
-    return {"targets": targets + bounds(run)}
+    return {"targets": targets + bounds(run, loadgen.cores())}
 
 
-def bounds(run: Run) -> list[dict]:
+def reference(name: str, num: dict | None, den: dict | None, key: str = "throughput_rps") -> dict:
+    """A reference line of the targets table: ``num[key] / den[key]`` (``key`` "p50": the
+    latency's), no goal, never met or missed."""
+    value = None
+    if num is not None and den is not None:
+        value = num["latency_ms"]["p50"] / den["latency_ms"]["p50"] if key == "p50" else num[key] / den[key]
+    return {"name": name, "value": value, "goal": "—", "met": None}
+
+
+def bounds(run: Run, cores: int) -> list[dict]:
     """Reference lines, not targets: the most Naiad's c32 points could reach on this
-    machine at their measured costs, over Triton's throughput. *One gateway loop*: the
-    gateway process is one event loop, at most one core, so at most 10⁶ / (its CPU µs a
-    request) requests a second (process CPU: over HTTP its loop thread carries nearly all of
-    it, ``bench/results/profile-digits_python-c32-json.md``: 106 µs a request, the process
-    0.59 cores at 5,549 req/s; over gRPC grpc's own threads carry part, so there the loop's
-    own bound is somewhat higher); *all cores*: ``os.cpu_count()`` cores over the request's
-    CPU in every process (server tree and load generator). Each is reached only with no waiting
-    anywhere: a measured point below both waits on something (a round trip, a batch)."""
+    machine at their measured costs, over Triton's throughput in the same run (which moves
+    by ±30 % from run to run, so these do too). *Gateway loops*: each gateway process is
+    one event loop, at most one core, so ``N`` of them (``--gateway-processes``, 1 by
+    default) carry at most N × 10⁶ / (their CPU µs a request) requests a second (process
+    CPU: over HTTP the loop thread carries nearly all of it,
+    ``bench/results/profile-digits_python-c32-json.md``: 106 µs a request, the process
+    0.59 cores at 5,549 req/s; over gRPC grpc's own threads carry part, so there the loops'
+    own bound is somewhat higher); *all cores*: ``cores`` over the request's CPU in every
+    process (server tree and load generator). A point near a bound is held by what the
+    bound counts; a point below both waits on something (a round trip, a batch)."""
     lines = []
     for suffix, _, _ in ENCODINGS:
         triton = point(run.get(f"triton python {suffix}"), 32)
         for backend in ("onnx", "python"):
-            naiad = point(run.get(f"naiad {backend} {suffix}"), 32)
+            series = run.get(f"naiad {backend} {suffix}")
             name = f"reference: c32 naiad {backend} {suffix}, {{}} bound / triton"
-            loop, cores = cost_bounds(naiad)
-            lines += [ratio(name.format("one gateway loop's"), loop, triton, 1.0),
-                      ratio(name.format("all cores'"), cores, triton, 1.0)]  # fmt: skip
+            loops, all_cores = cost_bounds(point(series, 32), cores, gateway_processes(series))
+            lines += [reference(name.format("gateway loops'"), loops, triton),
+                      reference(name.format("all cores'"), all_cores, triton)]  # fmt: skip
     return lines
 
 
-def cost_bounds(measured: dict | None) -> tuple[dict | None, dict | None]:
-    """``(one gateway loop, all cores)``: :func:`bounds`' two ceilings of a point with its
-    costs (:mod:`bench.perf.costs`), as ``{"throughput_rps": ...}``; None where a figure is
+def gateway_processes(series: dict | None) -> int:
+    """The ``--gateway-processes`` a Naiad series' server ran with (its recorded arguments)."""
+    args = [str(a) for a in ((series or {}).get("server") or {}).get("args", [])]
+    for i, arg in enumerate(args):
+        if arg.startswith("--gateway-processes="):
+            return int(arg.partition("=")[2])
+        if arg == "--gateway-processes" and i + 1 < len(args):
+            return int(args[i + 1])
+    return 1
+
+
+def cost_bounds(
+    measured: dict | None, cores: int, processes: int = 1
+) -> tuple[dict | None, dict | None]:  # fmt: skip
+    """``(gateway loops, all cores)``: :func:`bounds`' two ceilings of a point with its costs
+    (:mod:`bench.perf.costs`; ``server`` sums every gateway process), on ``cores`` cores with
+    ``processes`` gateway processes, as ``{"throughput_rps": ...}``; None where a figure is
     missing."""
     cpu = ((measured or {}).get("costs") or {}).get("cpu_us_per_request") or {}
     if not cpu.get("server") or not measured["throughput_rps"]:
         return None, None
     client_us = measured.get("client_cpu", 0.0) * 1e6 / measured["throughput_rps"]
     total_us = sum(cpu.values()) + client_us
-    return {"throughput_rps": 1e6 / cpu["server"]}, {"throughput_rps": (os.cpu_count() or 1) * 1e6 / total_us}
+    loops = min(processes, cores) * 1e6 / cpu["server"]
+    return {"throughput_rps": loops}, {"throughput_rps": cores * 1e6 / total_us}
 
 
 SCENARIOS: dict[str, Callable[[Run, Path], dict]] = {

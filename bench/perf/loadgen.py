@@ -704,12 +704,17 @@ def fetch_metadata(url: str, model: str, protocol: str) -> dict:
     return response.json()
 
 
+def cores() -> int:
+    """The cores this process may run on (what ``nproc`` prints: the CPU affinity mask)."""
+    return len(os.sched_getaffinity(0))
+
+
 def machine() -> dict:
     """What the figures were measured on."""
     lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     model = re.search(r"^Model name:\s*(.+)$", lscpu, re.M)
     return {
-        "nproc": os.cpu_count(),
+        "nproc": cores(),
         "cpu": model.group(1).strip() if model else "?",
         "python": sys.version.split()[0],
         "load_avg_1m_at_start": round(os.getloadavg()[0], 2),

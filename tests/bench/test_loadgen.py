@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
@@ -180,3 +181,10 @@ def test_costs_of_naiad_count_its_processes_redis_and_batches(tmp_path: Path) ->
     batches = costs["batches"]
     rows = sum(int(size) * n for size, n in batches["by_size"].items())
     assert batches["executed"] >= 1 and rows == pytest.approx(point["requests"], rel=0.25)
+
+
+def test_floor_runs_on_naiads_event_loop(floor):
+    """The floor is the cheapest Python loop Naiad itself would run on: uvloop when installed."""
+    pytest.importorskip("uvloop")
+    mapped = {m.path for m in psutil.Process(floor.pid).memory_maps()}
+    assert any("uvloop" in path for path in mapped), "the floor runs on asyncio's own loop"
