@@ -121,7 +121,8 @@ def test_backlog_scales_up_to_the_model_max_at_once_and_down_gradually(naiad_ser
         if count == 0:
             break
         time.sleep(0.05)
-    assert seen[0] == 3 and seen[-1] == 0, seen
+    # 3 when we look first; 2 when the first stop came while the answers were being read
+    assert seen[0] in (3, 2) and seen[-1] == 0, seen
     assert seen == sorted(seen, reverse=True), seen  # never up again
     assert 2 in seen, seen  # gradual: never 3 -> 0 at once
     assert decisions(server, "slow", "stop") >= 1
