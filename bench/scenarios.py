@@ -100,9 +100,9 @@ def ratio(
 ) -> dict:  # fmt: skip
     """Target ``num[key] / den[key] >= goal`` (and ``>= must``, the floor of acceptance;
     ``met`` None when a point is missing)."""
-    if num is None or den is None:
+    value = quotient(num, den, key)
+    if value is None:
         return {"name": name, "value": None, "goal": _goal("≥", goal, must), "met": None}
-    value = num[key] / den[key]
     target_ = {"name": name, "value": value, "goal": _goal("≥", goal, must), "met": value >= goal}
     if must is not None:
         target_["must_met"] = value >= must
@@ -220,9 +220,9 @@ def encodings(run: Run, spoken: Sequence[str]) -> list[tuple[str, str, str]]:
 
 def at_most(name: str, num: dict | None, den: dict | None, goal: float, must: float | None = None) -> dict:
     """Target ``num`` p50 / ``den`` p50 ≤ ``goal`` (and ≤ ``must``, the floor of acceptance)."""
-    if num is None or den is None:
+    value = quotient(num, den, "p50")
+    if value is None:
         return {"name": name, "value": None, "goal": _goal("≤", goal, must), "met": None}
-    value = num["latency_ms"]["p50"] / den["latency_ms"]["p50"]
     target_ = {"name": name, "value": value, "goal": _goal("≤", goal, must), "met": value <= goal}
     if must is not None:
         target_["must_met"] = value <= must
@@ -261,13 +261,19 @@ def peer_targets(run: Run) -> dict:
     return {"targets": targets + bounds(run, loadgen.cores())}
 
 
+def quotient(num: dict | None, den: dict | None, key: str = "throughput_rps") -> float | None:
+    """``num[key] / den[key]`` of two points (``key`` "p50": their latencies' p50); None when
+    either is missing."""
+    if num is None or den is None:
+        return None
+    if key == "p50":
+        return num["latency_ms"]["p50"] / den["latency_ms"]["p50"]
+    return num[key] / den[key]
+
+
 def reference(name: str, num: dict | None, den: dict | None, key: str = "throughput_rps") -> dict:
-    """A reference line of the targets table: ``num[key] / den[key]`` (``key`` "p50": the
-    latency's), no goal, never met or missed."""
-    value = None
-    if num is not None and den is not None:
-        value = num["latency_ms"]["p50"] / den["latency_ms"]["p50"] if key == "p50" else num[key] / den[key]
-    return {"name": name, "value": value, "goal": "—", "met": None}
+    """A reference line of the targets table: :func:`quotient`, no goal, never met or missed."""
+    return {"name": name, "value": quotient(num, den, key), "goal": "—", "met": None}
 
 
 def bounds(run: Run, cores: int) -> list[dict]:
