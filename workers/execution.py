@@ -10,7 +10,8 @@ request-level backend (Triton's Python backend, ``execute_requests``, see
 its own, outputs or the error that fails that request alone; its phases are kept alike:
 compute_input 0 (nothing to merge), compute_infer (the backend), compute_output (encoding).
 
-The backend runs in a thread, so the worker's event loop (heartbeats, claims) keeps going,
+The backend runs in the worker's model thread (:mod:`workers.model_thread`), so the worker's
+event loop (heartbeats, claims) keeps going,
 unless the batch is expected to compute within :data:`INLINE_INFER_S`: then a thread
 hand-off would cost more than the model, and it runs on the event loop (:func:`expected_ns`,
 from what batches of as many input elements took: a batch of the same rows but longer
@@ -21,7 +22,6 @@ model: its time depends on its input and its code on anything it imports, docs/b
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import time
@@ -38,6 +38,7 @@ from naiad.inference import Tensor
 from workers import batching, rate_limiter
 from workers.loader import VersionLoader
 from workers.model import ModelRunner
+from workers.model_thread import ModelThread
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +57,8 @@ class BatchExecutor:
         self.rate_limit: rate_limiter.RateLimiter | None = None
         # each runner's last compute_infer (ns) per batch size class (input elements' bit_length())
         self._infer_ns: weakref.WeakKeyDictionary[ModelRunner, dict[int, int]] = weakref.WeakKeyDictionary()
+        #: Runs the batches that do not run on the loop (one at a time, as the worker does).
+        self.thread = ModelThread()
 
     async def execute(self, group: list[QueuedRequest]) -> tuple[list[bytes], stats.Execution | None]:
         """Run ``group`` (one batch, one version): the encoded replies in ``group`` order, and
@@ -89,7 +92,7 @@ class BatchExecutor:
             runner = await self.loader.get(group[0].request.version)
             async with rate_limiter.slot(self.rate_limit):
                 if is_request_level(runner):
-                    return await run_requests(runner, group)
+                    return await run_requests(runner, group, self.thread)
                 return await self._run_merged(runner, group)
         except NaiadError as exc:
             error = exc
@@ -114,7 +117,7 @@ class BatchExecutor:
             if self.inline(runner, elements):
                 results = runner.backend.infer(feed, names)
             else:
-                results = await asyncio.to_thread(runner.backend.infer, feed, names)
+                results = await self.thread.run(runner.backend.infer, feed, names)
         t2 = time.perf_counter_ns()
         self._infer_ns.setdefault(runner, {})[elements.bit_length()] = t2 - t1
         outputs = runner.restore(results, names, sum(sizes))
@@ -140,17 +143,17 @@ def is_request_level(runner: ModelRunner) -> bool:
 
 
 async def run_requests(
-    runner: ModelRunner, group: Sequence[QueuedRequest]
+    runner: ModelRunner, group: Sequence[QueuedRequest], thread: ModelThread
 ) -> tuple[list[bytes], stats.Execution]:
     """Run ``group`` (one batch, one version) through the backend's ``execute_requests``,
-    in a thread: the encoded replies in ``group`` order and the batch's statistics. Raises
+    in ``thread``: the encoded replies in ``group`` order and the batch's statistics. Raises
     what the backend raises when the whole batch fails."""
     requests = [queued.request for queued in group]
     batched = runner.config.max_batch_size > 0
     rows = sum(batching.rows(r) if batched else 1 for r in requests)
     started_s, t1 = time.time(), time.perf_counter_ns()
     with tracing.span("naiad.backend", {"naiad.batch_rows": rows, "naiad.batch_requests": len(group)}):
-        results = await asyncio.to_thread(runner.backend.execute_requests, requests)  # type: ignore[attr-defined]
+        results = await thread.run(runner.backend.execute_requests, requests)  # type: ignore[attr-defined]
     t2 = time.perf_counter_ns()
     phases = {"compute_input": 0, "compute_infer": t2 - t1}
     payloads = [
