@@ -10,8 +10,8 @@ request-level backend (Triton's Python backend, ``execute_requests``, see
 its own, outputs or the error that fails that request alone; its phases are kept alike:
 compute_input 0 (nothing to merge), compute_infer (the backend), compute_output (encoding).
 
-The backend runs in the worker's model thread (:mod:`workers.model_thread`), so the worker's
-event loop (heartbeats, claims) keeps going,
+The backend runs in the model's thread (:mod:`workers.model_thread`, the one that loaded it),
+so the worker's event loop (heartbeats, claims) keeps going,
 unless the batch is expected to compute within :data:`INLINE_INFER_S`: then a thread
 hand-off would cost more than the model, and it runs on the event loop (:func:`expected_ns`,
 from what batches of as many input elements took: a batch of the same rows but longer
@@ -35,10 +35,9 @@ from naiad.codec import QueuedRequest, Reply, encode_reply
 from naiad.datatypes import datatype_of
 from naiad.errors import InferenceFailed, NaiadError
 from naiad.inference import Tensor
-from workers import batching, rate_limiter
+from workers import batching, model_thread, rate_limiter
 from workers.loader import VersionLoader
 from workers.model import ModelRunner
-from workers.model_thread import ModelThread
 
 logger = logging.getLogger(__name__)
 
@@ -57,8 +56,8 @@ class BatchExecutor:
         self.rate_limit: rate_limiter.RateLimiter | None = None
         # each runner's last compute_infer (ns) per batch size class (input elements' bit_length())
         self._infer_ns: weakref.WeakKeyDictionary[ModelRunner, dict[int, int]] = weakref.WeakKeyDictionary()
-        #: Runs the batches that do not run on the loop (one at a time, as the worker does).
-        self.thread = ModelThread()
+        #: Runs the batches that do not run on the loop: the model's thread, which loaded it.
+        self.thread = loader.thread
 
     async def execute(self, group: list[QueuedRequest]) -> tuple[list[bytes], stats.Execution | None]:
         """Run ``group`` (one batch, one version): the encoded replies in ``group`` order, and
@@ -143,7 +142,7 @@ def is_request_level(runner: ModelRunner) -> bool:
 
 
 async def run_requests(
-    runner: ModelRunner, group: Sequence[QueuedRequest], thread: ModelThread
+    runner: ModelRunner, group: Sequence[QueuedRequest], thread: model_thread.ModelThread
 ) -> tuple[list[bytes], stats.Execution]:
     """Run ``group`` (one batch, one version) through the backend's ``execute_requests``,
     in ``thread``: the encoded replies in ``group`` order and the batch's statistics. Raises

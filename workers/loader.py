@@ -5,7 +5,9 @@ The version folder comes from the machine's shared :class:`repository_store.Mode
 device the scaler placed this worker on (``Settings.device``), else the one its
 ``instance_group`` asks for (KIND_CPU → CPU; otherwise CUDA where the backend has it, falling
 back to the CPU). Then its ``model_warmup`` samples run (:mod:`workers.warmup`), before the
-worker takes a request; a failing sample fails the load.
+worker takes a request; a failing sample fails the load. All of it runs in the model's
+thread (:mod:`workers.model_thread`), where its batches and its ``close`` run too: a Python
+model's ``initialize``, ``execute`` and ``finalize`` share one thread, as in Triton's stub.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from repository_store import ModelCache, RepositoryStore, index_model, open_stor
 from repository_store.cache import PullStats
 from workers.backends import load_backend
 from workers.model import ModelRunner
+from workers.model_thread import ModelThread
 from workers.warmup import WarmupFailed, run_warmup
 
 logger = logging.getLogger(__name__)
@@ -68,6 +71,9 @@ class VersionLoader:
         self._pulls: list[PullStats] = []
         self._loads: list[VersionLoad] = []
         self._lock = asyncio.Lock()
+        #: The model's thread: its versions' imports, ``initialize`` and warm-up run there,
+        #: as do its batches (:class:`workers.execution.BatchExecutor`) and ``close``.
+        self.thread = ModelThread()
 
     async def start(self, entry: ModelEntry | None = None) -> ModelEntry:
         """Load the newest version of ``entry`` (the model's registry entry: the config and
@@ -93,7 +99,7 @@ class VersionLoader:
             return runner
         async with self._lock:
             if version not in self._runners:
-                self._runners[version] = await asyncio.to_thread(self._load, version)
+                self._runners[version] = await self.thread.run(self._load, version)
         return self._runners[version]
 
     def close(self) -> None:

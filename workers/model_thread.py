@@ -1,16 +1,21 @@
-"""The thread a worker runs its model's batches in, so its event loop keeps serving meanwhile.
+"""The thread a worker runs its model in: import, ``initialize``, warm-up, every batch that
+leaves the event loop, and ``finalize``.
 
-A worker runs one batch at a time (:mod:`workers.worker`), and a Python model one
-``execute`` at a time as Triton's stub does (:mod:`workers.backends.python`), so one thread,
-started at the first batch and kept for the worker's life, serves every batch that does not
-run on the loop (:mod:`workers.execution`). It is handed each call through a
-:class:`queue.SimpleQueue` and answers through ``loop.call_soon_threadsafe``: one wake-up
-each way, without the executor's work item, its :class:`concurrent.futures.Future` (a lock
-and a condition) and the chaining of that future into the loop's, which
-``asyncio.to_thread`` goes through (measured in docs/benchmarks.md, "Stop 24": ~25 µs of CPU
-a round trip on this machine). The call runs in a copy of the caller's context
+Triton's Python-backend stub calls ``initialize``, ``execute`` and ``finalize`` from one
+thread, and models rely on it: state that belongs to the thread that made it (a
+``threading.local``, an ``sqlite3`` connection, torch's grad mode set in ``initialize``) must
+be there in ``execute``. A worker loads its model's versions and runs their batches one at a
+time (:mod:`workers.loader`, :mod:`workers.worker`; a Python model one ``execute`` at a time,
+:mod:`workers.backends.python`), so one thread, started at the first load and kept for the
+worker's life, serves them all in order. It is handed each call through a
+:class:`queue.SimpleQueue` and answers through ``loop.call_soon_threadsafe``: one wake-up each
+way, without the executor's work item, its :class:`concurrent.futures.Future` (a lock and a
+condition) and the chaining of that future into the loop's, which ``asyncio.to_thread`` goes
+through (docs/benchmarks.md, "Stop 24": ~25 µs of CPU a round trip on this machine, ~50 µs of
+the worker's CPU a request at c1). The call runs in a copy of the caller's context
 (:mod:`contextvars`), as ``asyncio.to_thread`` runs it: its log records keep their request
-ids and its spans their parent.
+ids and its spans their parent. Nothing of a call (its arguments, its result) is held once
+it has been answered.
 
 A caller cancelled while its call runs gets :class:`asyncio.CancelledError` at once; the call
 itself runs to its end (a thread cannot be interrupted), and the next one waits for it.
@@ -35,7 +40,7 @@ class ModelThread:
     """One thread that runs calls in order, each awaited from an event loop (module doc)."""
 
     def __init__(self) -> None:
-        self._calls: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._calls: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
     async def run(self, function: Callable[..., T], *args: Any) -> T:
@@ -43,24 +48,32 @@ class ModelThread:
         or what it raised (raised here)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._serve, name=THREAD_NAME, daemon=True)
-            self._thread.start()
+        if self._thread is None:  # set once started: a start that failed is tried again
+            thread = threading.Thread(target=self._serve, name=THREAD_NAME, daemon=True)
+            thread.start()
+            self._thread = thread
         self._calls.put((loop, future, contextvars.copy_context(), function, args))
         return await future
 
     def _serve(self) -> None:
-        while (call := self._calls.get()) is not None:
-            loop, future, context, function, args = call
-            try:
-                result, error = context.run(function, *args), None
-            except BaseException as exc:  # the caller's to raise
-                result, error = None, exc
-            try:
-                loop.call_soon_threadsafe(_settle, future, result, error)
-            except RuntimeError:  # the loop closed meanwhile: nobody waits
-                pass
-            del call, future, result, error
+        while True:
+            _answer(*self._calls.get())
+
+
+def _answer(
+    loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], context: contextvars.Context,
+    function: Callable[..., Any], args: tuple[Any, ...],
+) -> None:  # fmt: skip
+    """Run one call and hand its outcome to its loop; its arguments and result are released
+    when this returns (the thread then waits for the next call holding nothing of this one)."""
+    try:
+        result, error = context.run(function, *args), None
+    except BaseException as exc:  # the caller's to raise, SystemExit included (as to_thread)
+        result, error = None, exc
+    try:
+        loop.call_soon_threadsafe(_settle, future, result, error)
+    except RuntimeError:  # the loop closed meanwhile: nobody waits
+        pass
 
 
 def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:

@@ -127,7 +127,7 @@ class Worker:
             return await self._load_and_serve()
         finally:
             self.direct.close()  # the gateways queue what they handed here unanswered
-            await asyncio.to_thread(self.loader.close)  # backends' close(): Python models' finalize()
+            await self.loader.thread.run(self.loader.close)  # backends' close(): Python models' finalize()
             await calls.close()
             await tasks.cancel_and_wait(beat)
             await self.lifecycle.deregister()

@@ -128,6 +128,7 @@ def test_initialize_args_and_request_fields(client):
     assert seen["parameters"] == {"color": "blue", "level": 3}
     assert sorted(seen["requested_output_names"]) == ["ARGS", "REQUEST"]
     assert (seen["model_name"], seen["model_version"], seen["in"]) == ("inspect_args", 1, [7])
+    assert seen["initialize_thread_local"]  # execute runs on initialize's thread, as in Triton
 
     every = client.infer("inspect_args", [tensor("IN", np.array([1], dtype=np.int32), "INT32")])
     assert every.as_numpy("EXTRA").tolist() == [1.5]  # no outputs asked: all of them
@@ -289,7 +290,8 @@ def test_finalize_runs_when_the_worker_exits(tmp_path, example_repository):
         triton.close()
         assert not finalized.exists()  # still serving
         wait_for(finalized.exists, 30, "finalize() to write its file after the idle exit")
-    assert json.loads(finalized.read_text()) == {"model_name": "inspect_args", "executions": 1}
+    # initialize, execute and finalize on one thread, as Triton's stub calls them
+    assert json.loads(finalized.read_text()) == {"model_name": "inspect_args", "executions": 1, "threads": 1}
 
 
 @pytest.mark.parametrize(

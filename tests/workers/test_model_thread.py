@@ -5,6 +5,7 @@ import asyncio
 import contextvars
 import threading
 import time
+import weakref
 
 import pytest
 
@@ -104,3 +105,85 @@ def test_a_cancelled_caller_returns_at_once_and_the_next_call_waits_for_the_runn
     cancelled_after, order = asyncio.run(main())
     assert cancelled_after < 0.1
     assert order == ["slow done", "quick"]
+
+
+def test_system_exit_in_a_call_reaches_its_caller_and_the_thread_serves_on() -> None:
+    """``sys.exit()`` in a model's ``execute`` fails that call, as with ``asyncio.to_thread``;
+    the thread does not die with it (every later batch would wait forever)."""
+
+    async def main() -> str:
+        thread = ModelThread()
+
+        def leave() -> None:
+            raise SystemExit(3)
+
+        with pytest.raises(SystemExit):
+            async with asyncio.timeout(5):  # on the caller's task: no task of its own to stop the loop
+                await thread.run(leave)
+        return await asyncio.wait_for(thread.run(str, 4), 5)
+
+    assert asyncio.run(main()) == "4"
+
+
+def test_a_calls_arguments_are_released_once_it_is_answered() -> None:
+    """An idle worker does not hold its last batch's inputs until the next batch."""
+
+    class Inputs:
+        pass
+
+    async def main() -> bool:
+        thread, inputs = ModelThread(), Inputs()
+        gone = weakref.ref(inputs)
+        await thread.run(id, inputs)
+        del inputs
+        for _ in range(50):  # the thread drops its references as the call returns
+            if gone() is None:
+                return True
+            await asyncio.sleep(0.01)
+        return False
+
+    assert asyncio.run(main())
+
+
+def test_a_thread_that_failed_to_start_is_started_by_the_next_call(monkeypatch) -> None:
+    started = threading.Thread.start
+    failures = iter([RuntimeError("can't start new thread")])
+
+    def start_once_failing(self: threading.Thread) -> None:
+        failure = next(failures, None)
+        if failure is not None:
+            raise failure
+        started(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start_once_failing)
+
+    async def main() -> int:
+        thread = ModelThread()
+        with pytest.raises(RuntimeError, match="can't start new thread"):
+            await thread.run(int, "1")
+        return await asyncio.wait_for(thread.run(int, "2"), 5)
+
+    assert asyncio.run(main()) == 2
+
+
+def test_an_answer_for_a_cancelled_caller_or_a_closed_loop_is_dropped_quietly() -> None:
+    thread, errors = ModelThread(), []
+
+    async def cancel_while_running() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: errors.append(context))
+        caller = asyncio.create_task(thread.run(time.sleep, 0.1))
+        await asyncio.sleep(0.02)
+        caller.cancel()
+        await asyncio.sleep(0.2)  # the answer comes to a cancelled future
+
+    async def leave_a_call_running() -> None:
+        asyncio.create_task(thread.run(time.sleep, 0.1))
+        await asyncio.sleep(0.02)  # the loop closes with the call still running
+
+    async def next_loop() -> int:
+        return await asyncio.wait_for(thread.run(int, "5"), 5)
+
+    asyncio.run(cancel_while_running())
+    asyncio.run(leave_a_call_running())
+    assert asyncio.run(next_loop()) == 5
+    assert errors == []

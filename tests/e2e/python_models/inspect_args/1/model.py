@@ -1,7 +1,10 @@
 """Echoes what Triton gave it: initialize's args, and each request's id, parameters and
-requested outputs; finalize writes a file named by the config's ``finalize_file``."""
+requested outputs; finalize writes a file named by the config's ``finalize_file``. It also
+says whether each call ran on the thread that ran ``initialize`` (Triton's stub makes every
+call from one thread; state such as a ``threading.local`` relies on it)."""
 
 import json
+import threading
 
 import numpy as np
 
@@ -14,9 +17,13 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         self.finalize_file = config["parameters"]["finalize_file"]["string_value"]
         self.executions = 0
+        self.local = threading.local()
+        self.local.made_here = True
+        self.threads = {threading.get_ident()}
 
     def execute(self, requests):
         self.executions += 1
+        self.threads.add(threading.get_ident())
         responses = []
         for request in requests:
             seen = {
@@ -26,6 +33,7 @@ class TritonPythonModel:
                 "model_name": request.model_name(),
                 "model_version": request.model_version(),
                 "in": pb_utils.get_input_tensor_by_name(request, "IN").as_numpy().tolist(),
+                "initialize_thread_local": getattr(self.local, "made_here", False),
             }
             outputs = [
                 pb_utils.Tensor("ARGS", np.array([json.dumps(self.args).encode()], dtype=np.object_)),
@@ -36,5 +44,7 @@ class TritonPythonModel:
         return responses
 
     def finalize(self):
+        self.threads.add(threading.get_ident())
         with open(self.finalize_file, "w") as out:
-            json.dump({"model_name": self.args["model_name"], "executions": self.executions}, out)
+            json.dump({"model_name": self.args["model_name"], "executions": self.executions,
+                       "threads": len(self.threads)}, out)
