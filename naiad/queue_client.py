@@ -12,11 +12,13 @@ scaler is woken through :data:`naiad.keys.SCALER_WAKE`; the request waits in the
 meanwhile, bounded by its deadline.
 
 Direct hand-off (the gateway's client, :attr:`QueueDispatcher.direct`): when an idle worker
-on this machine has offered to take a request of the model and version, and the request is
-this client's only one of that model in flight (as it has been for :data:`ALONE_S`), it
-goes to that worker by its socket instead (:mod:`naiad.reply_channel`), and back to the
-stream if the worker goes away or its heartbeat lapses before it answers
-(:meth:`QueueDispatcher._hand`).
+on this machine has offered to take requests of the model and version (up to one batch), and
+none of this client's requests of that model is in the stream (:meth:`QueueDispatcher._streams`),
+the request goes to that worker by its socket instead (:mod:`naiad.reply_channel`; the
+requests of one loop turn in one write), and back to the stream if the worker goes away or
+its heartbeat lapses before it answers (:meth:`QueueDispatcher._hand`). A handed request
+never overtakes one of this client's in the stream, so a burst is handed whole or queued
+whole and runs as one batch either way.
 
 Backpressure: the XADD is a script that first counts the requests waiting in the stream
 against the model's maximum queue size, atomically, so a full queue answers
@@ -46,7 +48,7 @@ import contextvars
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import redis.asyncio as aioredis
@@ -109,11 +111,6 @@ if type(pending) == 'table' and pending.err == nil and #pending > 0 then
 end
 return redis.call('XDEL', KEYS[1], ARGV[2])
 """
-#: Seconds after a request of a model arrived or was answered with another of the model in
-#: flight before this client hands that model's requests to idle workers again
-#: (naiad.reply_channel): longer than the gap between a batch's answers and the next
-#: requests of closed-loop clients under load.
-ALONE_S = 0.01
 #: Seconds a withdrawal (XACK + XDEL of a cancelled request's entry) may take.
 WITHDRAW_TIMEOUT_S = 2.0
 
@@ -175,10 +172,9 @@ class QueueDispatcher:
         self.direct: ReplyServer | None = None
         #: Seconds after which an unanswered handed request's worker is checked (heartbeat period).
         self.liveness_s = 2.0
-        #: Model -> this client's requests in flight, and the loop time from which, one at a
-        #: time, they may be handed off (_alone).
-        self._in_flight: dict[str, int] = {}
-        self._alone_from: dict[str, float] = {}
+        #: Model -> this client's requests of it in the stream (enqueued or being enqueued,
+        #: unanswered): none may be handed off meanwhile (_streams).
+        self._in_stream: dict[str, int] = {}
         self._checks: set[asyncio.Task[None]] = set()
         #: Takes the statistics that come with replies (StatsWriter.add): see record_execution.
         self.stats_sink: Callable[[Callable[[Any], None]], object] | None = None
@@ -217,19 +213,9 @@ class QueueDispatcher:
         time left of ``timeout_s``.
         """
         placement = placement or Placement(0, keys.request_stream(request.model), max_queue, 0.0, True, False)
-        model = request.model
-        self._in_flight[model] = self._in_flight.get(model, 0) + 1
-        try:
-            return await self._infer(request, timeout_s, placement)
-        finally:
-            if self._in_flight[model] > 1:  # answered beside others: the load is concurrent
-                self._alone_from[model] = asyncio.get_running_loop().time() + ALONE_S
-            self._in_flight[model] -= 1
-
-    async def _infer(self, request: InferRequest, timeout_s: float, placement: Placement) -> InferResponse:
         queue_id = fresh_id()
         link = None
-        if self.direct is not None and not placement.ordered and self._alone(request.model):
+        if self.direct is not None and not placement.ordered and not self._in_stream.get(request.model):
             link = self.direct.take(request.model, request.version)
         reply = None
         if link is not None:  # a worker on this machine waits idle for it
@@ -238,26 +224,27 @@ class QueueDispatcher:
             if reply is None:  # that worker went away: the stream, with the time left
                 left_s = timeout_s - (asyncio.get_running_loop().time() - started)
                 try:
-                    reply = await self._queued(queue_id, request, left_s, placement)
+                    with self._streams(request.model):
+                        reply = await self._queued(queue_id, request, left_s, placement)
                 except DeadlineExceeded:
                     raise _timed_out(request, timeout_s) from None
         if reply is None:
-            reply = await self._queued(queue_id, request, timeout_s, placement)
+            with self._streams(request.model):
+                reply = await self._queued(queue_id, request, timeout_s, placement)
         if reply.error is not None:
             raise reply.error
         return InferResponse(request.model, request.version, reply.outputs, request.id)
 
-    def _alone(self, model: str) -> bool:
-        """This request is this client's only one of ``model`` in flight, and no two were
-        in flight at once (arriving or answered) within :data:`ALONE_S`: one request at a
-        time, which a handed request serves best. Under
-        concurrent load the stream is the way: a handed request would run as a batch of its
-        own beside the stream's, and could overtake this client's queued ones."""
-        now = asyncio.get_running_loop().time()
-        if self._in_flight[model] > 1:
-            self._alone_from[model] = now + ALONE_S
-            return False
-        return now >= self._alone_from.get(model, 0.0)
+    @contextlib.contextmanager
+    def _streams(self, model: str) -> Iterator[None]:
+        """Count a request of ``model`` in the stream while the block runs: meanwhile no
+        request of ``model`` is handed off (a handed one would overtake it, and run as a
+        batch of its own beside the stream's: docs/benchmarks.md, "Stop 18")."""
+        self._in_stream[model] = self._in_stream.get(model, 0) + 1
+        try:
+            yield
+        finally:
+            self._in_stream[model] -= 1
 
     async def _hand(
         self, link: WorkerLink, queue_id: str, request: InferRequest, timeout_s: float, placement: Placement

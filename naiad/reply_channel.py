@@ -19,13 +19,18 @@ that has its answer sees them after that gateway's flush, as when the worker wro
 Redis before the reply.
 
 The same connection also carries requests the other way, to a worker that is idle (direct
-hand-off): a worker about to wait for work *offers* each gateway it is connected to one
-request of its model for the versions it loaded (an offer frame; the next reply frame
-carries it when the worker will be idle after that batch). A gateway with an offer for a
-request's model and version (and that request its only one of the model in flight:
+hand-off): a worker about to wait for work *offers* each gateway it is connected to up to
+one batch of requests of its model (``max_batch_size``, one without dynamic batching) for
+the versions it loaded (an offer frame; the next reply frame carries it when the worker will
+be idle after that batch). A gateway with an offer for a request's model and version (and
+none of its requests of the model in the stream:
 :meth:`naiad.queue_client.QueueDispatcher.infer`) sends the request down that connection
-instead of through Redis (:meth:`ReplyServer.take`, :meth:`WorkerLink.hand`): two hops a
-request, as Triton's server to its stub, instead of four process wake-ups through Redis.
+instead of through Redis (:meth:`ReplyServer.take`, :meth:`WorkerLink.hand`; the requests
+of a burst in one write): two hops a request, as Triton's server to its stub, instead of
+four process wake-ups through Redis; under load a whole batch goes this way, without a
+Redis command. Requests handed to a worker that took others since its offer wait there for
+its next batch, as claimed stream entries do (at most one batch beyond the model's
+``max_queue_size``, which counts the stream).
 The gateway holds the request until its answer comes: when the connection closes first (the
 worker exited or died) it queues the request through Redis as any other
 (:meth:`naiad.queue_client.QueueDispatcher.infer`), so no request is lost to this path; one
@@ -61,15 +66,15 @@ from struct import Struct
 
 import msgpack
 
-from naiad import stats
+from naiad import group_commit, stats
 
 logger = logging.getLogger(__name__)
 
 FRAME = Struct(">II")
 #: The statistics length that marks a worker's frame as an offer (module doc).
 OFFER = 0xFFFF_FFFF
-#: Most requests one offer may ask for.
-MAX_OFFER = 16
+#: Most requests one offer may ask for (a worker offers its ``max_batch_size``, at most this).
+MAX_OFFER = 1024
 #: A request handed to a worker: priority level, entry header length, entry data length.
 REQUEST = Struct(">III")
 #: The level that marks a gateway's frame as a withdrawal: its header is the request's queue id.
@@ -263,27 +268,45 @@ class WorkerLink(asyncio.Protocol):
         self.worker_id = ""  # its id (heartbeats: naiad.keys.workers)
         self.versions: frozenset[int] = frozenset()  # the versions it offered
         self.offered = 0  # requests it still takes by its last offer
-        self.handed: set[str] = set()  # queue ids handed to it and not answered yet
+        self.handed: dict[str, None] = {}  # queue ids handed to it, not answered yet, in order
+        self._outgoing: list[bytes] = []  # frames to send with the next write (_send)
+        self._outgoing_requests = 0
+        self._sending = False  # that write is scheduled
 
     def hand(self, queue_id: str, level: int, header: bytes, data: bytes) -> bool:
         """Send the request ``queue_id`` (its stream entry's fields) to the worker (False:
         the connection is closed, nothing sent); until :meth:`forget`, its caller is told
-        (``orphaned``) if the connection closes."""
+        (``orphaned``) if the connection closes. Sent with the requests handed within the
+        next loop turns (:func:`naiad.group_commit.after_gathering`), in one write, so the
+        worker starts one batch on them rather than a batch on the first."""
         if self.transport is None or self.transport.is_closing():
             return False
-        self.handed.add(queue_id)
-        self.transport.writelines((REQUEST.pack(level, len(header), len(data)), header, data))
+        self.handed[queue_id] = None
+        self._send((REQUEST.pack(level, len(header), len(data)), header, data), 1)
         return True
 
     def withdraw(self, queue_id: str) -> None:
         """The caller of a request handed here went away: the worker drops it unless it is
-        running already (as a withdrawn stream entry: :mod:`naiad.queue_client`)."""
+        running already (as a withdrawn stream entry: :mod:`naiad.queue_client`); sent after
+        the requests waiting to be sent, so after that request."""
         if queue_id in self.handed and self.transport is not None and not self.transport.is_closing():
             raw = queue_id.encode()
-            self.transport.writelines((REQUEST.pack(WITHDRAW, len(raw), 0), raw))
+            self._send((REQUEST.pack(WITHDRAW, len(raw), 0), raw), 0)
+
+    def _send(self, parts: tuple[bytes, ...], requests: int) -> None:
+        self._outgoing += parts
+        self._outgoing_requests += requests
+        if not self._sending:
+            self._sending = True
+            group_commit.after_gathering(lambda: self._outgoing_requests, self._flush)
+
+    def _flush(self) -> None:
+        parts, self._outgoing, self._outgoing_requests, self._sending = self._outgoing, [], 0, False
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.writelines(parts)  # a closed one: connection_lost took the requests back
 
     def forget(self, queue_id: str) -> None:
-        self.handed.discard(queue_id)
+        self.handed.pop(queue_id, None)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -305,11 +328,11 @@ class WorkerLink(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
         self.transport = None
-        handed, self.handed = self.handed, set()
+        handed, self.handed = self.handed, {}
         if handed:
             logger.info("worker %s went away holding %d requests handed to it: they go through Redis",
                         self.worker_id, len(handed))  # fmt: skip
-        for queue_id in handed:  # the worker is gone: those go through Redis now
+        for queue_id in handed:  # the worker is gone: those go through Redis now, in order
             if self.server.orphaned is not None:
                 self.server.orphaned(queue_id)
 
@@ -384,7 +407,7 @@ class GatewayLink(asyncio.Protocol):
         self.owner = owner
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
-        self.offered = False  # an offer of this worker is open at that gateway
+        self.offered = 0  # requests this worker's open offer at that gateway still takes
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -410,7 +433,7 @@ class GatewayLink(asyncio.Protocol):
             if level == WITHDRAW:
                 self.owner.on_withdraw(header.decode("ascii", "replace"))
                 continue
-            self.offered = False  # one request an offer
+            self.offered = max(self.offered - 1, 0)  # one request of the offer
             self.owner.on_request(level, header, entry_data)
 
 
@@ -430,6 +453,8 @@ class ReplyConnections:
         self.on_withdraw: Callable[[str], None] = lambda queue_id: None
         #: ``(model, versions)`` this worker takes requests of when idle; None: it offers none.
         self.offer: tuple[str, list[int]] | None = None
+        #: Requests one offer asks for: the worker's batch (at most :data:`MAX_OFFER`).
+        self.offer_count = 1
 
     @property
     def connected(self) -> bool:
@@ -451,18 +476,20 @@ class ReplyConnections:
         if transport.get_write_buffer_size() > MAX_BUFFERED_BYTES:
             return False
         parts = [FRAME.pack(len(raw_stats), len(replies)), raw_stats, replies]
-        if offer and not link.offered and self.offer is not None:
-            parts += self._offer_frame(link, 1)
+        if offer and link.offered < self.offer_count and self.offer is not None:
+            parts += self._offer_frame(link, self.offer_count)
         transport.writelines(parts)
         return True
 
     def offer_all(self) -> None:
-        """Offer one request to every connected gateway that has no offer of this worker."""
+        """Offer :attr:`offer_count` requests to every connected gateway where this worker's
+        offer is not whole (taken in part or in full, or never made)."""
         if self.offer is None:
             return
         for link in self._links.values():
-            if not link.offered and link.transport is not None and not link.transport.is_closing():
-                link.transport.writelines(self._offer_frame(link, 1))
+            transport = link.transport
+            if link.offered < self.offer_count and transport is not None and not transport.is_closing():
+                transport.writelines(self._offer_frame(link, self.offer_count))
 
     def withdraw_all(self) -> None:
         """Withdraw every open offer; no more are made (the worker stops taking requests
@@ -477,7 +504,7 @@ class ReplyConnections:
         assert self.offer is not None
         model, versions = self.offer
         raw = msgpack.packb([model, versions, count, self.worker_id])
-        link.offered = count > 0
+        link.offered = count
         return [FRAME.pack(OFFER, len(raw)), raw]
 
     def close(self) -> None:

@@ -42,6 +42,7 @@ from naiad.codec import DATA, HEADER, QueuedRequest, Reply, decode_request, enco
 from naiad.errors import DeadlineExceeded, InvalidInput, NaiadError, QueueTimeout
 from naiad.ids import fresh_id
 from naiad.redis_client import connect
+from naiad.reply_channel import MAX_OFFER
 from naiad.settings import Settings
 from repository_store import RepositoryStore
 from workers import bls, cold_start, load_failure, rate_limiter, reclaim, scaling
@@ -154,6 +155,7 @@ class Worker:
             return 2
         self.policy = BatchPolicy.from_config(entry.config)
         self.batcher = Batcher(self.model, entry.config, self.policy)
+        self.direct.offer_count = min(self.policy.max_batch_size, MAX_OFFER) if self.policy.enabled else 1
         self.scaling = scaling.policy_for(entry.config, self.settings)
         origin = self.prepared.claimed_at if self.prepared else cold_start.process_started_at()
         await cold_start.record(self.redis, self.model, origin, self.prepared is not None, self._marks,

@@ -132,10 +132,13 @@ def test_a_frozen_workers_duplicate_never_reaches_the_client(
     assert len(answers) == 1
 
 
-def test_a_client_that_goes_away_cancels_its_queued_work(redis_url, naiad_server, digits_holdout):
-    """An HTTP client that disconnects and a cancelled gRPC call: their entries are
-    withdrawn; the worker, resumed, runs neither (execution_count unchanged)."""
-    server = naiad_server(redis_url=redis_url, idle_timeout_s=30)
+@pytest.mark.parametrize("handed", [True, False], ids=["handed", "stream"])
+def test_a_client_that_goes_away_cancels_its_queued_work(redis_url, naiad_server, digits_holdout, handed):
+    """An HTTP client that disconnects and a cancelled gRPC call while the worker is frozen:
+    withdrawn from the stream (``NAIAD_DIRECT_REQUESTS=0``), or, handed to the idle worker
+    (its offer is a batch), by its socket; the worker, resumed, runs neither
+    (execution_count unchanged)."""
+    server = naiad_server(redis_url=redis_url, idle_timeout_s=30, extra_env=None if handed else STREAM_ONLY)
     client = httpclient.InferenceServerClient(server.url, network_timeout=60)
     x = digits_holdout[0][:2]
     worker = frozen_worker(server, client, x)
@@ -147,14 +150,19 @@ def test_a_client_that_goes_away_cancels_its_queued_work(redis_url, naiad_server
         wait_for(lambda: r.xlen(STREAM) == 0 and pending_for(r) == 0, 5, "the HTTP request withdrawn")
         grpc_client = grpcclient.InferenceServerClient(server.grpc_url)
         call = grpc_client.async_infer("digits", grpc_inputs(x), callback=lambda result, error: None)
-        wait_for(lambda: r.xlen(STREAM) == 1, 5, "the gRPC request queued")
+        if handed:
+            time.sleep(0.5)  # handed: in no Redis structure to wait for
+            assert r.xlen(STREAM) == 0
+        else:
+            wait_for(lambda: r.xlen(STREAM) == 1, 5, "the gRPC request queued")
         call.cancel()
         wait_for(lambda: r.xlen(STREAM) == 0 and pending_for(r) == 0, 5, "the gRPC request withdrawn")
         wait_for(lambda: failures(server, "CANCELED") == 2, 5, "two CANCELED failures")
     finally:
         worker.send_signal(signal.SIGCONT)
-    # The resumed worker meets what it was handed before the next request, and skips it: only
-    # the next request's rows are executed (a withdrawn one run with it would add its rows).
+    # The resumed worker meets what it was handed or claimed before the next request, and
+    # skips it: only the next request's rows are executed (a withdrawn one run with it would
+    # add its rows).
     client.infer("digits", http_inputs(x))
     after = model_stats(server)
     assert after["execution_count"] == before["execution_count"] + 1

@@ -48,3 +48,35 @@ def test_the_wait_ends_after_gather_s(monkeypatch):
     monkeypatch.setattr(group_commit, "GATHER_S", 0.0)
     turns, callers = asyncio.run(_turns_waited([1] * 10))
     assert turns == 1 and callers == 2
+
+
+async def _both_ways(arrivals: list[int]) -> dict[str, tuple[int, int]]:
+    """(turns, callers) where a task started now returns from ``gathered`` and where
+    ``after_gathering`` called now calls back, while ``arrivals[i]`` callers join in turn i."""
+    waiting, turns, seen = [1], [0], {}
+
+    async def arrive() -> None:
+        for count in arrivals:
+            await asyncio.sleep(0)
+            turns[0] += 1
+            waiting[0] += count
+
+    async def task_way() -> None:
+        await group_commit.gathered(lambda: waiting[0])
+        seen["task"] = (turns[0], waiting[0])
+
+    loop = asyncio.get_running_loop()
+    feeder = loop.create_task(arrive())
+    await asyncio.sleep(0)
+    loop.create_task(task_way())
+    group_commit.after_gathering(lambda: waiting[0], lambda: seen.setdefault("call", (turns[0], waiting[0])))
+    while len(seen) < 2:
+        await asyncio.sleep(0)
+    feeder.cancel()
+    return seen
+
+
+def test_after_gathering_calls_back_where_a_task_would_return_from_gathered():
+    for arrivals in ([0, 5, 5], [1, 1, 1, 0, 1, 1], [20] * 10, [3, 0, 3]):
+        seen = asyncio.run(_both_ways(arrivals))
+        assert seen["call"] == seen["task"], (arrivals, seen)

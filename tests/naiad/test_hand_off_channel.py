@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from naiad import keys, queue_client, reply_channel
+from naiad import keys, reply_channel
 from naiad.codec import DATA, HEADER, Reply, decode_request, encode_reply
 from naiad.errors import DeadlineExceeded
 from naiad.inference import InferRequest, RequestedOutput, Tensor
@@ -222,36 +222,77 @@ def test_a_malformed_or_foreign_offer_closes_the_connection(redis_url):
     assert closed == [b""] * 4 and held is None
 
 
-def test_no_hand_off_while_this_gateway_has_other_requests_of_the_model_in_flight(redis_url, monkeypatch):
+def test_no_hand_off_while_this_gateway_has_requests_of_the_model_in_the_stream(redis_url):
     """With an offer open, a request still goes through the stream while another request of
-    the same model from this gateway is in flight (a handed one would overtake it, and run
-    as a batch of its own beside the stream's), and for ALONE_S after; once this gateway's
-    requests come one at a time again, the next is handed."""
-    monkeypatch.setattr(queue_client, "ALONE_S", 0.5)
+    the same model from this gateway is there (a handed one would overtake it, and run as a
+    batch of its own beside the stream's); once none is, the next are handed, one beside
+    another, while the offer (a batch: ``offer_count``) lasts."""
 
     async def scenario():
         async with Gateway(redis_url) as gw:
             worker = Worker(gw.redis)
-            stream = keys.request_stream(MODEL)
+            worker.sender.direct.offer_count = 4
             await worker.connect(gw, offer=False)
             waiting = asyncio.create_task(gw.dispatcher.infer(request(2.0), 5))
-            await until(lambda: gw.dispatcher._in_flight.get(MODEL), "the first queued")
+            await until(lambda: gw.dispatcher._in_stream.get(MODEL), "the first queued")
             worker.sender.direct.offer_all()
             await until(lambda: gw.server._offers.get(MODEL), "the offer")
             behind = asyncio.create_task(gw.dispatcher.infer(request(3.0), 5))
-            await until(lambda: gw.dispatcher._in_flight.get(MODEL) == 2, "the second queued")
+            await until(lambda: gw.dispatcher._in_stream.get(MODEL) == 2, "the second queued")
             assert worker.handed.empty() and gw.server._offers.get(MODEL)  # the offer still open
             for _ in range(2):
                 await worker.serve_from_redis(offer=False)
             assert [outputs(await t)[0] for t in (waiting, behind)] == [4.0, 6.0]
-            soon = asyncio.create_task(gw.dispatcher.infer(request(5.0), 5))  # alone, within ALONE_S
-            await worker.serve_from_redis(offer=False)
-            assert outputs(await soon)[0] == 10.0 and worker.handed.empty()
-            assert await gw.redis.xlen(stream) == 0
-            await asyncio.sleep(0.55)
-            after = asyncio.create_task(gw.dispatcher.infer(request(4.0), 5))
-            await worker.serve_handed(offer=False)
-            assert outputs(await after) == [8.0] * 4
+            assert not gw.dispatcher._in_stream[MODEL]
+            first = asyncio.create_task(gw.dispatcher.infer(request(5.0), 5))
+            one = await asyncio.wait_for(worker.handed.get(), 5)
+            second = asyncio.create_task(gw.dispatcher.infer(request(4.0), 5))  # the first in flight
+            two = await asyncio.wait_for(worker.handed.get(), 5)
+            (link,) = gw.server._offers[MODEL]
+            (own,) = worker.sender.direct._links.values()
+            assert link.offered == own.offered == 2  # the offer's rest, on both sides
+            await worker.sender.send([(q, answer(q)) for q in (one, two)], offer=False)
+            assert [outputs(await t)[0] for t in (first, second)] == [10.0, 8.0]
+            assert await gw.redis.xlen(keys.request_stream(MODEL)) == 0
+            worker.sender.direct.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_offer_of_a_batch_takes_a_burst_in_one_write_and_the_rest_goes_through_redis(redis_url):
+    """A worker offering three requests: of five made in one loop turn, three go down its
+    socket in one write (the worker reads them in one piece, so it starts one batch on
+    them), and the two the offer does not cover go through the stream."""
+
+    class Counted:
+        """The gateway's end of the socket, counting its writes."""
+
+        def __init__(self, transport):
+            self.transport, self.writes = transport, 0
+
+        def writelines(self, parts) -> None:
+            self.writes += 1
+            self.transport.writelines(parts)
+
+        def __getattr__(self, name):
+            return getattr(self.transport, name)
+
+    async def scenario():
+        async with Gateway(redis_url) as gw:
+            worker = Worker(gw.redis)
+            worker.sender.direct.offer_count = 3
+            await worker.connect(gw)
+            await until(lambda: gw.server._offers.get(MODEL), "the offer")
+            (link,) = gw.server._offers[MODEL]
+            link.transport = counted = Counted(link.transport)
+            calls = [asyncio.create_task(gw.dispatcher.infer(request(float(i)), 5)) for i in range(5)]
+            handed = [await asyncio.wait_for(worker.handed.get(), 5) for _ in range(3)]
+            assert counted.writes == 1 and not gw.server._offers.get(MODEL)
+            queued = await worker.reader.read(5, 5000)
+            assert len(queued) == 2 and worker.handed.empty()
+            await worker.sender.send([(q, answer(q)) for q in handed + queued], offer=False)
+            assert [outputs(await c)[0] for c in calls] == [0.0, 2.0, 4.0, 6.0, 8.0]
+            assert sorted(q.entry_id == b"" for q in handed + queued) == [False, False, True, True, True]
             worker.sender.direct.close()
 
     asyncio.run(scenario())
