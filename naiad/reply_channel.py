@@ -28,9 +28,12 @@ none of its requests of the model in the stream:
 instead of through Redis (:meth:`ReplyServer.take`, :meth:`WorkerLink.hand`; the requests
 of a burst in one write): two hops a request, as Triton's server to its stub, instead of
 four process wake-ups through Redis; under load a whole batch goes this way, without a
-Redis command. Requests handed to a worker that took others since its offer wait there for
-its next batch, as claimed stream entries do (at most one batch beyond the model's
-``max_queue_size``, which counts the stream).
+Redis command. An offer covers one write of requests (those of one burst, up to its count):
+the gateway drops it once it wrote to it, since the worker is busy from then on, and the
+worker offers again when idle. Requests of an older offer that arrive after a newer one was
+made wait for the worker's next batch, as claimed stream entries do. An offer counts
+requests, not rows: the worker's batcher splits what it was handed by ``max_batch_size``
+rows as it does claimed entries.
 The gateway holds the request until its answer comes: when the connection closes first (the
 worker exited or died) it queues the request through Redis as any other
 (:meth:`naiad.queue_client.QueueDispatcher.infer`), so no request is lost to this path; one
@@ -301,7 +304,12 @@ class WorkerLink(asyncio.Protocol):
             group_commit.after_gathering(lambda: self._outgoing_requests, self._flush)
 
     def _flush(self) -> None:
-        parts, self._outgoing, self._outgoing_requests, self._sending = self._outgoing, [], 0, False
+        """Write what waits; a write that carries requests uses up the worker's offer (it is
+        no longer idle: later requests go to another idle worker or the stream)."""
+        parts, requests = self._outgoing, self._outgoing_requests
+        self._outgoing, self._outgoing_requests, self._sending = [], 0, False
+        if requests:
+            self.server._withdraw(self)
         if self.transport is not None and not self.transport.is_closing():
             self.transport.writelines(parts)  # a closed one: connection_lost took the requests back
 
@@ -407,7 +415,7 @@ class GatewayLink(asyncio.Protocol):
         self.owner = owner
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
-        self.offered = 0  # requests this worker's open offer at that gateway still takes
+        self.offered = False  # an offer of this worker may be open at that gateway
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -433,7 +441,7 @@ class GatewayLink(asyncio.Protocol):
             if level == WITHDRAW:
                 self.owner.on_withdraw(header.decode("ascii", "replace"))
                 continue
-            self.offered = max(self.offered - 1, 0)  # one request of the offer
+            self.offered = False  # a write of requests uses up an offer
             self.owner.on_request(level, header, entry_data)
 
 
@@ -476,27 +484,27 @@ class ReplyConnections:
         if transport.get_write_buffer_size() > MAX_BUFFERED_BYTES:
             return False
         parts = [FRAME.pack(len(raw_stats), len(replies)), raw_stats, replies]
-        if offer and link.offered < self.offer_count and self.offer is not None:
+        if offer and not link.offered and self.offer is not None:
             parts += self._offer_frame(link, self.offer_count)
         transport.writelines(parts)
         return True
 
     def offer_all(self) -> None:
-        """Offer :attr:`offer_count` requests to every connected gateway where this worker's
-        offer is not whole (taken in part or in full, or never made)."""
+        """Offer :attr:`offer_count` requests to every connected gateway with no open offer
+        of this worker (none made, or one used by a write of requests)."""
         if self.offer is None:
             return
         for link in self._links.values():
             transport = link.transport
-            if link.offered < self.offer_count and transport is not None and not transport.is_closing():
+            if not link.offered and transport is not None and not transport.is_closing():
                 transport.writelines(self._offer_frame(link, self.offer_count))
 
     def withdraw_all(self) -> None:
         """Withdraw every open offer; no more are made (the worker stops taking requests
         this way). A request already on its way still arrives (``on_request``)."""
-        if self.offer is not None:
-            for link in self._links.values():
-                if link.offered and link.transport is not None and not link.transport.is_closing():
+        if self.offer is not None:  # to every gateway: requests of an older offer, arriving
+            for link in self._links.values():  # after a newer one went, leave this side unsure
+                if link.transport is not None and not link.transport.is_closing():
                     link.transport.writelines(self._offer_frame(link, 0))
         self.offer = None
 
@@ -504,7 +512,7 @@ class ReplyConnections:
         assert self.offer is not None
         model, versions = self.offer
         raw = msgpack.packb([model, versions, count, self.worker_id])
-        link.offered = count
+        link.offered = count > 0
         return [FRAME.pack(OFFER, len(raw)), raw]
 
     def close(self) -> None:

@@ -99,8 +99,9 @@ def int_request(value: int) -> list[httpclient.InferInput]:
 
 def test_a_request_that_kills_its_worker_fails_alone(naiad_server):
     """``poison`` exits its process on input 99. One such request batched with four good
-    ones, all five handed to the idle worker directly: they go back through the stream when
-    it dies, are claimed and (mostly) batched by the next, which dies too; reclaimed, the four run
+    ones, those of the first write handed to the idle worker directly, the rest queued: the
+    handed ones go back through the stream when it dies, are claimed and (mostly) batched by
+    the next, which dies too; reclaimed, the four run
     alone (``REQUESTS`` 1), answered right, and the poison one crashes one more worker,
     running alone, then is answered with a clear 500 (:data:`workers.reclaim.MAX_CRASHES`
     losses of its stream entry) long before its timeout; the model serves on, and the
@@ -133,7 +134,7 @@ def test_a_request_that_kills_its_worker_fails_alone(naiad_server):
     # 3 when the next worker claims the five together and batches them again, 2 when it
     # claims the poison one apart from the rest: either way at most MAX_CRASHES + 1
     assert log.count("exited unexpectedly (code 3)") in (2, 3) and "2 times; not retried" in log
-    assert "went away holding 5 requests handed to it" in log
+    assert re.search(r"went away holding [1-5] requests handed to it", log)
     stats = client.get_inference_statistics("poison")["model_stats"][0]["inference_stats"]
     assert stats["fail"]["count"] == 1 and stats["success"]["count"] == 6
     failed = r'^nv_inference_request_failure\{[^}]*reason="BACKEND"[^}]*\} (\S+)$'

@@ -78,5 +78,5 @@ async def _both_ways(arrivals: list[int]) -> dict[str, tuple[int, int]]:
 
 def test_after_gathering_calls_back_where_a_task_would_return_from_gathered():
     for arrivals in ([0, 5, 5], [1, 1, 1, 0, 1, 1], [20] * 10, [3, 0, 3]):
-        seen = asyncio.run(_both_ways(arrivals))
+        seen = asyncio.run(asyncio.wait_for(_both_ways(arrivals), 5))
         assert seen["call"] == seen["task"], (arrivals, seen)
