@@ -17,9 +17,8 @@ none of this client's requests of that model is in the stream (:meth:`QueueDispa
 the request goes to that worker by its socket instead (:mod:`naiad.reply_channel`; the
 requests of one loop turn in one write), and back to the stream if the worker goes away or
 its heartbeat lapses before it answers (:meth:`QueueDispatcher._hand`). A handed request
-never overtakes one of this client's in the stream; an offer covers one write, so a burst is
-handed up to the offer (one batch) and the rest of it, and what comes while that worker
-runs, is queued.
+never overtakes one of this client's in the stream; a burst is handed up to the offer (one
+batch) and the rest of it queued.
 
 Backpressure: the XADD is a script that first counts the requests waiting in the stream
 against the model's maximum queue size, atomically, so a full queue answers

@@ -28,12 +28,12 @@ none of its requests of the model in the stream:
 instead of through Redis (:meth:`ReplyServer.take`, :meth:`WorkerLink.hand`; the requests
 of a burst in one write): two hops a request, as Triton's server to its stub, instead of
 four process wake-ups through Redis; under load a whole batch goes this way, without a
-Redis command. An offer covers one write of requests (those of one burst, up to its count):
-the gateway drops it once it wrote to it, since the worker is busy from then on, and the
-worker offers again when idle. Requests of an older offer that arrive after a newer one was
-made wait for the worker's next batch, as claimed stream entries do. An offer counts
-requests, not rows: the worker's batcher splits what it was handed by ``max_batch_size``
-rows as it does claimed entries.
+Redis command. A worker handed requests is busy with them: an idle worker's whole offer is
+taken first (:meth:`ReplyServer.take`), and the rest of a busy worker's only while no idle
+one offers; requests handed to a busy worker wait for its next batch, as claimed stream
+entries do, at most one offer's worth a gateway (plus, rarely, requests of an older offer
+that arrive after a newer one was made). An offer counts requests, not rows: the worker's
+batcher splits what it was handed by ``max_batch_size`` rows as it does claimed entries.
 The gateway holds the request until its answer comes: when the connection closes first (the
 worker exited or died) it queues the request through Redis as any other
 (:meth:`naiad.queue_client.QueueDispatcher.infer`), so no request is lost to this path; one
@@ -221,23 +221,33 @@ class ReplyServer:
             raise
 
     def take(self, model: str, version: int) -> WorkerLink | None:
-        """A worker connection with an offer for ``model`` at ``version``, its offer taken
-        (the request must then go by :meth:`WorkerLink.hand`); None when there is none."""
+        """A worker connection with an offer for ``model`` at ``version``, one request of
+        its offer taken (the request must then go by :meth:`WorkerLink.hand`); None when there
+        is none. An idle worker's (its offer whole, nothing handed since) comes first, the last
+        to offer first (its caches are warmest); a worker handed requests since its offer is
+        busy with them, so it gets more only while no idle one offers."""
         offers = self._offers.get(model)
         if not offers:
             return None
-        for i in range(len(offers) - 1, -1, -1):  # the last to offer: its caches are warmest
+        found = None
+        for i in range(len(offers) - 1, -1, -1):
             link = offers[i]
             if version in link.versions and link.transport is not None:
-                link.offered -= 1
-                if link.offered <= 0:
-                    del offers[i]
-                return link
-        return None
+                if link.offered == link.offer_size:
+                    found = i
+                    break
+                found = i if found is None else found
+        if found is None:
+            return None
+        link = offers[found]
+        link.offered -= 1
+        if link.offered <= 0:
+            del offers[found]
+        return link
 
     def _offer(self, link: WorkerLink, model: str, versions: frozenset[int], count: int) -> None:
         self._withdraw(link)
-        link.model, link.versions, link.offered = model, versions, count
+        link.model, link.versions, link.offered, link.offer_size = model, versions, count, count
         if count > 0 and self.orphaned is not None:
             self._offers.setdefault(model, []).append(link)
 
@@ -271,6 +281,7 @@ class WorkerLink(asyncio.Protocol):
         self.worker_id = ""  # its id (heartbeats: naiad.keys.workers)
         self.versions: frozenset[int] = frozenset()  # the versions it offered
         self.offered = 0  # requests it still takes by its last offer
+        self.offer_size = 0  # requests its last offer was for
         self.handed: dict[str, None] = {}  # queue ids handed to it, not answered yet, in order
         self._outgoing: list[bytes] = []  # frames to send with the next write (_send)
         self._outgoing_requests = 0
@@ -304,12 +315,7 @@ class WorkerLink(asyncio.Protocol):
             group_commit.after_gathering(lambda: self._outgoing_requests, self._flush)
 
     def _flush(self) -> None:
-        """Write what waits; a write that carries requests uses up the worker's offer (it is
-        no longer idle: later requests go to another idle worker or the stream)."""
-        parts, requests = self._outgoing, self._outgoing_requests
-        self._outgoing, self._outgoing_requests, self._sending = [], 0, False
-        if requests:
-            self.server._withdraw(self)
+        parts, self._outgoing, self._outgoing_requests, self._sending = self._outgoing, [], 0, False
         if self.transport is not None and not self.transport.is_closing():
             self.transport.writelines(parts)  # a closed one: connection_lost took the requests back
 
@@ -415,7 +421,7 @@ class GatewayLink(asyncio.Protocol):
         self.owner = owner
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
-        self.offered = False  # an offer of this worker may be open at that gateway
+        self.offered = 0  # requests this worker's open offer at that gateway still takes
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -441,7 +447,8 @@ class GatewayLink(asyncio.Protocol):
             if level == WITHDRAW:
                 self.owner.on_withdraw(header.decode("ascii", "replace"))
                 continue
-            self.offered = False  # a write of requests uses up an offer
+            self.offered = max(self.offered - 1, 0)  # one request of the offer (a request of an
+            # older offer may arrive after a newer one: the two sides' counts can differ)
             self.owner.on_request(level, header, entry_data)
 
 
@@ -484,19 +491,19 @@ class ReplyConnections:
         if transport.get_write_buffer_size() > MAX_BUFFERED_BYTES:
             return False
         parts = [FRAME.pack(len(raw_stats), len(replies)), raw_stats, replies]
-        if offer and not link.offered and self.offer is not None:
+        if offer and link.offered < self.offer_count and self.offer is not None:
             parts += self._offer_frame(link, self.offer_count)
         transport.writelines(parts)
         return True
 
     def offer_all(self) -> None:
-        """Offer :attr:`offer_count` requests to every connected gateway with no open offer
-        of this worker (none made, or one used by a write of requests)."""
+        """Offer :attr:`offer_count` requests to every connected gateway where this worker's
+        offer is not whole, as far as it knows (taken in part or in full, or never made)."""
         if self.offer is None:
             return
         for link in self._links.values():
             transport = link.transport
-            if not link.offered and transport is not None and not transport.is_closing():
+            if link.offered < self.offer_count and transport is not None and not transport.is_closing():
                 transport.writelines(self._offer_frame(link, self.offer_count))
 
     def withdraw_all(self) -> None:
@@ -512,7 +519,7 @@ class ReplyConnections:
         assert self.offer is not None
         model, versions = self.offer
         raw = msgpack.packb([model, versions, count, self.worker_id])
-        link.offered = count > 0
+        link.offered = count
         return [FRAME.pack(OFFER, len(raw)), raw]
 
     def close(self) -> None:

@@ -225,8 +225,8 @@ def test_a_malformed_or_foreign_offer_closes_the_connection(redis_url):
 def test_no_hand_off_while_this_gateway_has_requests_of_the_model_in_the_stream(redis_url):
     """With an offer open, a request still goes through the stream while another request of
     the same model from this gateway is there (a handed one would overtake it, and run as a
-    batch of its own beside the stream's); once none is, the next is handed, and that write
-    uses up the offer (the worker is busy): the one after goes through the stream again."""
+    batch of its own beside the stream's); once none is, the next are handed, one beside
+    another, while the offer (a batch: ``offer_count``) lasts."""
 
     async def scenario():
         async with Gateway(redis_url) as gw:
@@ -246,14 +246,13 @@ def test_no_hand_off_while_this_gateway_has_requests_of_the_model_in_the_stream(
             assert not gw.dispatcher._in_stream[MODEL]
             first = asyncio.create_task(gw.dispatcher.infer(request(5.0), 5))
             one = await asyncio.wait_for(worker.handed.get(), 5)
-            (own,) = worker.sender.direct._links.values()
-            assert not gw.server._offers.get(MODEL) and not own.offered  # used up, on both sides
             second = asyncio.create_task(gw.dispatcher.infer(request(4.0), 5))  # the first in flight
-            await worker.serve_from_redis(offer=False)
-            assert outputs(await second)[0] == 8.0 and worker.handed.empty()
-            await worker.sender.send([(one, answer(one))], offer=True)
-            assert outputs(await first)[0] == 10.0
-            await until(lambda: gw.server._offers.get(MODEL), "the offer made again")
+            two = await asyncio.wait_for(worker.handed.get(), 5)
+            (link,) = gw.server._offers[MODEL]
+            (own,) = worker.sender.direct._links.values()
+            assert link.offered == own.offered == 2  # the offer's rest, on both sides
+            await worker.sender.send([(q, answer(q)) for q in (one, two)], offer=False)
+            assert [outputs(await t)[0] for t in (first, second)] == [10.0, 8.0]
             assert await gw.redis.xlen(keys.request_stream(MODEL)) == 0
             worker.sender.direct.close()
 
@@ -262,7 +261,7 @@ def test_no_hand_off_while_this_gateway_has_requests_of_the_model_in_the_stream(
 
 def test_a_busy_worker_is_not_handed_more_while_another_waits_idle(redis_url):
     """Two workers offer; the one that offered last is handed a request and runs it: the
-    next request goes to the other, idle one, not behind the running request."""
+    next request goes to the other, idle one (its offer whole), not behind the running one."""
 
     async def scenario():
         async with Gateway(redis_url) as gw:
@@ -298,7 +297,7 @@ def test_withdraw_all_reaches_a_gateway_whose_offer_this_worker_thinks_used(redi
             await worker.connect(gw)
             await until(lambda: gw.server._offers.get(MODEL), "the offer")
             (own,) = worker.sender.direct._links.values()
-            own.offered = False  # as after a late request of an older offer
+            own.offered = 0  # as after a late request of an older offer
             worker.sender.direct.withdraw_all()
             await until(lambda: not gw.server._offers.get(MODEL), "the offer withdrawn")
             late = asyncio.create_task(gw.dispatcher.infer(request(3.0), 5))
