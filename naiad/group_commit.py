@@ -30,9 +30,15 @@ async def gathered(waiting: Callable[[], int]) -> None:
     loop = asyncio.get_running_loop()
     until, seen = loop.time() + GATHER_S, waiting()
     await asyncio.sleep(0)
-    while seen < (now := waiting()) < GATHER_MOST and loop.time() < until:
+    while _growing(seen, now := waiting(), until, loop):
         seen = now
         await asyncio.sleep(0)
+
+
+def _growing(seen: int, now: int, until: float, loop: asyncio.AbstractEventLoop) -> bool:
+    """The rule both waits follow: callers came in the last turn (``seen`` → ``now``), fewer
+    than :data:`GATHER_MOST` wait, and the loop time is before ``until``."""
+    return seen < now < GATHER_MOST and loop.time() < until
 
 
 def after_gathering(waiting: Callable[[], int], then: Callable[[], None]) -> None:
@@ -45,7 +51,7 @@ def after_gathering(waiting: Callable[[], int], then: Callable[[], None]) -> Non
 
     def check(seen: int) -> None:
         now = waiting()
-        if seen < now < GATHER_MOST and loop.time() < until:
+        if _growing(seen, now, until, loop):
             loop.call_soon(check, now)
         else:
             then()

@@ -14,11 +14,11 @@ meanwhile, bounded by its deadline.
 Direct hand-off (the gateway's client, :attr:`QueueDispatcher.direct`): when an idle worker
 on this machine has offered to take requests of the model and version (up to one batch), and
 none of this client's requests of that model is in the stream (:meth:`QueueDispatcher._streams`),
-the request goes to that worker by its socket instead (:mod:`naiad.reply_channel`; the
-requests of one loop turn in one write), and back to the stream if the worker goes away or
-its heartbeat lapses before it answers (:meth:`QueueDispatcher._hand`). A handed request
-never overtakes one of this client's in the stream; a burst is handed up to the offer (one
-batch) and the rest of it queued.
+the request goes to that worker by its socket instead (:mod:`naiad.reply_channel`; a
+burst's requests in one write, after the enqueues' group-commit wait), and back to the
+stream if the worker goes away or its heartbeat lapses before it answers
+(:meth:`QueueDispatcher._hand`). A handed request never overtakes one of this client's in
+the stream; a burst is handed up to the offer (one batch) and the rest of it queued.
 
 Backpressure: the XADD is a script that first counts the requests waiting in the stream
 against the model's maximum queue size, atomically, so a full queue answers

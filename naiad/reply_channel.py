@@ -227,22 +227,15 @@ class ReplyServer:
         to offer first (its caches are warmest); a worker handed requests since its offer is
         busy with them, so it gets more only while no idle one offers."""
         offers = self._offers.get(model)
-        if not offers:
+        usable = [
+            link for link in reversed(offers or ()) if version in link.versions and link.transport is not None
+        ]
+        if not usable:
             return None
-        found = None
-        for i in range(len(offers) - 1, -1, -1):
-            link = offers[i]
-            if version in link.versions and link.transport is not None:
-                if link.offered == link.offer_size:
-                    found = i
-                    break
-                found = i if found is None else found
-        if found is None:
-            return None
-        link = offers[found]
+        link = next((link for link in usable if link.offered == link.offer_size), usable[0])
         link.offered -= 1
         if link.offered <= 0:
-            del offers[found]
+            offers.remove(link)  # type: ignore[union-attr]
         return link
 
     def _offer(self, link: WorkerLink, model: str, versions: frozenset[int], count: int) -> None:
