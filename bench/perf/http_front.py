@@ -15,18 +15,11 @@ the servers ``--rounds`` times so a drifting machine hits both alike.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
-import multiprocessing
 import socket
-import statistics
-import time
 
-import psutil
-
-from bench.perf import loadgen
-from bench.perf.models import target
+from bench.perf import front_probe, loadgen
 
 ANSWER = json.dumps({
     "model_name": "digits", "model_version": "1",
@@ -90,62 +83,5 @@ def serve_protocol(sock: socket.socket) -> None:
 SERVERS = {"aiohttp": serve_aiohttp, "protocol": serve_protocol}
 
 
-def measure(name: str, concurrency: int, warmup_s: float, duration_s: float) -> dict:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(1024)
-    port = sock.getsockname()[1]
-    process = multiprocessing.get_context("spawn").Process(target=SERVERS[name], args=(sock,))
-    process.start()
-    try:
-        server = psutil.Process(process.pid)
-        tgt = target(f"127.0.0.1:{port}", "digits", encoding="json")
-
-        async def load() -> dict:
-            client = loadgen.make_client(tgt)
-            for _ in range(100):  # the server process is starting
-                try:
-                    await client.send()
-                    break
-                except OSError:
-                    await asyncio.sleep(0.1)
-            await loadgen.closed_loop(client.send, concurrency, warmup_s, 0.2)
-            before, started = server.cpu_times(), time.perf_counter()
-            point = await loadgen.closed_loop(client.send, concurrency, 0.0, duration_s)
-            after, wall = server.cpu_times(), time.perf_counter() - started
-            await client.close()
-            cpu = (after.user + after.system) - (before.user + before.system)
-            point["server_us_per_request"] = 1e6 * cpu / max(point["throughput_rps"] * wall, 1)
-            return point
-
-        return loadgen.run(load)
-    finally:
-        process.kill()
-        process.join()
-        sock.close()
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
-    parser.add_argument("--warmup", type=float, default=1.0)
-    parser.add_argument("--duration", type=float, default=4.0)
-    parser.add_argument("--rounds", type=int, default=2)
-    args = parser.parse_args()
-    results: dict[tuple[str, int], list[dict]] = {}
-    for _ in range(args.rounds):
-        for concurrency in args.concurrency:
-            for name in SERVERS:
-                point = measure(name, concurrency, args.warmup, args.duration)
-                results.setdefault((name, concurrency), []).append(point)
-    print("| server | load | req/s | p50 ms | server CPU µs/req |")
-    print("| --- | --- | --- | --- | --- |")
-    for (name, concurrency), points in sorted(results.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        rps = statistics.median(p["throughput_rps"] for p in points)
-        p50 = statistics.median(p["latency_ms"]["p50"] for p in points)
-        cpu = statistics.median(p["server_us_per_request"] for p in points)
-        print(f"| {name} | c{concurrency} | {rps:.0f} | {p50:.2f} | {cpu:.0f} |")
-
-
 if __name__ == "__main__":
-    main()
+    front_probe.main(SERVERS, "http", __doc__.splitlines()[0])

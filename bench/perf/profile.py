@@ -8,6 +8,10 @@ and each process's and thread's CPU (gateway, redis-server, workers). Writes und
 ``PROCESS.txt`` collapsed stacks (open them in speedscope or flamegraph.pl) and ``profile.md``: the CPU split
 and, per process, the top functions by *self* samples (on top of the stack) and Naiad's own
 functions by *inclusive* samples (anywhere on the stack), as shares of that process's samples.
+``--blocking`` pauses each process per sample instead (slower, but whole stacks: without it,
+63 % of a c1 worker's samples had only ``Runner.run`` on its stack while ``perf`` put 55 % of its
+CPU in the interpreter; docs/benchmarks.md, "Stop 26"). Blocking samples include threads
+waiting in C (a model thread's queue, the event loop's ``epoll_wait``): leave those out.
 
     .venv/bin/python -m bench.perf.profile --model digits --concurrency 32 --duration 10
 """
@@ -109,13 +113,15 @@ def top_frames(collapsed: Path, count: int = 10) -> tuple[int, list, list]:
     return total, own.most_common(count), inclusive.most_common(count)
 
 
-def spy(pid: int, out: Path, name: str, duration_s: float, rate: int) -> subprocess.Popen:
+def spy(
+    pid: int, out: Path, name: str, duration_s: float, rate: int, blocking: bool = False
+) -> subprocess.Popen:
     """``py-spy record`` of ``pid`` into ``out/NAME.txt`` (collapsed stacks: speedscope, flamegraph.pl)."""
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     args = [
         py_spy,
         "record",
-        "--nonblocking",
+        *([] if blocking else ["--nonblocking"]),
         "-r",
         str(rate),
         "-d",
@@ -139,7 +145,7 @@ async def profile(server, args) -> dict:
         await loadgen.probe(client, tgt, 60)
         await loadgen.closed_loop(client.send, args.concurrency, args.warmup, 0.5)  # scale up, warm up
         procs = server_processes(server.pid)
-        spies = [spy(proc.pid, args.out, name, args.duration, args.rate)
+        spies = [spy(proc.pid, args.out, name, args.duration, args.rate, args.blocking)
                  for name, proc in procs.items() if name != "redis"]  # fmt: skip
         await asyncio.sleep(1.0)  # py-spy attaches
         before = {name: cpu_seconds(proc) for name, proc in procs.items()}
@@ -204,6 +210,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=12.0, help="py-spy seconds (load: 2 s less)")
     parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     parser.add_argument("--top", type=int, default=10)
+    parser.add_argument("--blocking", action="store_true", help="pause each process per sample (module doc)")
     parser.add_argument("--naiad-arg", action="append", default=[])
     parser.add_argument("--repository", type=Path, default=DEFAULT_REPOSITORY)
     parser.add_argument("--out", type=Path, default=ROOT / ".bench" / "profile")
