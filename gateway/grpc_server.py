@@ -33,7 +33,9 @@ from gateway.grpc_codec import (
     to_server_metadata,
     to_shared_memory_status,
 )
+from gateway.grpc_front import GrpcFront
 from gateway.grpc_limits import GrpcLimits, receive, reservation
+from gateway.http2 import Http2Limits
 from gateway.shared_memory import shared_memory_outputs, unsupported_cuda
 from naiad import rollout
 from naiad.errors import GRPC_CODES, InvalidInput, ModelNotFound, Unsupported, as_naiad_error
@@ -312,23 +314,43 @@ def _metadata(context: grpc.aio.ServicerContext, key: str) -> str | None:
 async def grpc_server(
     dataplane: DataPlane, host: str, port: int, grace_s: float = STOP_GRACE_S,
     access: AccessPolicy | None = None, limits: GrpcLimits | None = None, reuse_port: bool = False,
-) -> AsyncIterator[grpc.aio.Server]:
+    front: str = "naiad",
+) -> AsyncIterator[Any]:
     """A started gRPC server on ``host:port``; on exit it refuses new RPCs at once and gives
     in-flight ones ``grace_s`` seconds to finish (then cancels them). ``access`` restricts
     API groups (``--grpc-restricted-protocol``); ``limits``: message size, read timeout and
     the shared byte budget (grpc's own 4 MiB message default without). ``reuse_port``: the
     port shared with this server's other gateway processes (:mod:`gateway.siblings`);
-    without, a port in use fails the start instead of being silently shared."""
-    options = [("grpc.so_reuseport", int(reuse_port))]
-    options += limits.server_options() if limits is not None else []
-    server = grpc.aio.server(options=options)
+    without, a port in use fails the start instead of being silently shared. ``front``
+    (``--grpc-front``): ``naiad``, the gateway's own HTTP/2 connections
+    (:mod:`gateway.grpc_front`), or ``grpcio``, a ``grpc.aio`` server; both serve the same
+    handlers."""
     largest = limits.max_message_bytes if limits is not None else 2**31 - 1
     handlers = method_handlers(InferenceServicer(dataplane, largest), access, limits)
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
-    server.add_registered_method_handlers(SERVICE, handlers)
-    server.add_insecure_port(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
-    await server.start()
+    if front == "naiad":
+        paths = {f"/{SERVICE}/{name}": handler for name, handler in handlers.items()}
+        server = GrpcFront(paths, limits, _http2_limits(limits))
+        await server.start(host, port, reuse_port)
+        try:
+            yield server
+        finally:
+            await server.stop(grace_s)
+        return
+    options = [("grpc.so_reuseport", int(reuse_port))]
+    options += limits.server_options() if limits is not None else []
+    aio_server = grpc.aio.server(options=options)
+    aio_server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    aio_server.add_registered_method_handlers(SERVICE, handlers)
+    aio_server.add_insecure_port(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+    await aio_server.start()
     try:
-        yield server
+        yield aio_server
     finally:
-        await server.stop(grace_s)
+        await aio_server.stop(grace_s)
+
+
+def _http2_limits(limits: GrpcLimits | None) -> Http2Limits:
+    """The connection timeouts grpc core gets from ``limits`` (:meth:`GrpcLimits.server_options`)."""
+    if limits is None:
+        return Http2Limits()
+    return Http2Limits(handshake_timeout_s=limits.handshake_timeout_s, idle_timeout_s=limits.idle_timeout_s)

@@ -125,7 +125,7 @@ async def _endpoints(settings: Settings, dataplane: DataPlane, limits: HttpLimit
     )  # fmt: skip
     rpc = grpc_server(
         dataplane, settings.http_host, settings.grpc_port, grace_s=grace, access=grpc_access,
-        limits=rpc_limits, reuse_port=shared,
+        limits=rpc_limits, reuse_port=shared, front=settings.grpc_front,
     )
     await http.__aenter__()
     try:

@@ -229,6 +229,11 @@ class Settings(BaseSettings):
     """Seconds an idle keep-alive connection stays open between requests
     (``--http-keepalive-timeout``; gRPC: its ``max_connection_idle``)."""
 
+    grpc_front: Literal["naiad", "grpcio"] = "naiad"
+    """What serves gRPC (``--grpc-front``): ``naiad``, the gateway's own HTTP/2 connections
+    (:mod:`gateway.grpc_front`, a fifth of grpc.aio's CPU a call), or ``grpcio``, a
+    ``grpc.aio`` server."""
+
     http_fast_infer: bool = True
     """Plain inference requests answered by the gateway's own HTTP/1.1 path
     (:mod:`gateway.http_fast`, ``--http-fast-infer``); false: every request through aiohttp."""

@@ -101,6 +101,7 @@ GATEWAY_FLAGS = {
     "--http-body-timeout": ("http_body_timeout_s", float, "seconds a whole body (or gRPC message) may take"),
     "--http-keepalive-timeout": ("http_keepalive_timeout_s", float, "seconds an idle keep-alive "
                                  "connection stays open"),
+    "--grpc-front": ("grpc_front", "naiad|grpcio", "naiad (the gateway's own HTTP/2) or grpcio (grpc.aio)"),
     "--http-fast-infer": ("http_fast_infer", _bool, "true or false: plain inference requests skip "
                           "aiohttp's request machinery"),
     "--http-max-connections": ("http_max_connections", int, "most open HTTP connections per port; more: 503"),
