@@ -49,7 +49,11 @@ _TIMEOUT = re.compile(r"(\d{1,8})([HMSmun])")
 _UNIT_S = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
 #: zlib window bits by ``grpc-encoding`` (gzip's header, or zlib's for grpc's "deflate").
 _INFLATE = {"gzip": 31, "deflate": 15}
-_HEAD = http2.header_block([(":status", "200"), ("content-type", "application/grpc")])
+#: The message codings read (``grpc-encoding`` of a request); answers are not compressed.
+ACCEPT_ENCODING = "identity,deflate,gzip"
+_HEAD = http2.header_block(
+    [(":status", "200"), ("content-type", "application/grpc"), ("grpc-accept-encoding", ACCEPT_ENCODING)]
+)
 _OK = http2.header_block([("grpc-status", "0")])
 _PREFIX = 5  # a message's compressed flag and 4 bytes of length
 _EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -100,6 +104,10 @@ class Call:
         seconds = timeout_s(headers.get("grpc-timeout"))
         self._deadline = None if seconds is None else loop.time() + seconds
         self._timer = None if seconds is None else loop.call_later(seconds, self._expired)
+        if seconds is None and "grpc-timeout" in headers:
+            self._fail(grpc.StatusCode.INTERNAL, "Error parsing 'grpc-timeout' metadata")
+        elif _header_list_size(headers) > (most := front.http2_limits.max_header_list):
+            self._fail(_EXHAUSTED, f"received metadata size exceeds limit ({most})")
         self.task = loop.create_task(self._run())
 
     # -- the stream's side (gateway.http2.Receiver) ----------------------------------------------
@@ -192,14 +200,15 @@ class Call:
         finally:
             if self._timer is not None:
                 self._timer.cancel()
+            self._buffer, self._messages = bytearray(), collections.deque()
             self.front.calls.discard(self)
 
     async def _cancelled(self) -> None:
         """The call's task was cancelled: answer why, unless the peer is gone."""
         if self._failure is not None and not self._peer_gone:
             await self._finish(*self._failure)
-        elif not self._peer_gone and not self.stream.reset:
-            await self._finish(grpc.StatusCode.CANCELLED, "the server is stopping")
+        elif not self._peer_gone and not self.stream.reset:  # the server stops (as grpc.aio says it)
+            await self._finish(grpc.StatusCode.UNAVAILABLE, "Cancelling all calls")
 
     async def _requests(self) -> AsyncIterator[Any]:
         deserializer = self.handler.request_deserializer
@@ -255,6 +264,9 @@ class Call:
 
     def _inflate(self, message: bytes) -> bytes | None:
         bits = _INFLATE.get(self._encoding)
+        if self._encoding == "identity":
+            self._fail(grpc.StatusCode.INTERNAL, "Compression bit set but no encoding configured")
+            return None
         if bits is None:
             self._fail(grpc.StatusCode.UNIMPLEMENTED, f"messages compressed with {self._encoding!r}")
             return None
@@ -284,6 +296,11 @@ class Call:
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
+
+
+def _header_list_size(headers: dict[str, str]) -> int:
+    """RFC 9113 §6.5.2's size of a header list: names, values and 32 bytes a field."""
+    return sum(len(name) + len(value) + 32 for name, value in headers.items())
 
 
 def _too_large(which: str, size: int, limit: int) -> str:

@@ -27,6 +27,9 @@ What a connection does (section numbers of RFC 9113):
   GOAWAY from the peer closes the connection once its streams are done;
 - any protocol violation is a connection error: GOAWAY with its code (§5.4.1), every stream
   reset, the transport closed;
+- a peer that does not read is not read either (the transport's write buffer past its high
+  mark pauses reading): what it sends cannot pile answers, PING or SETTINGS acknowledgements
+  up in memory;
 - no stream open for ``idle_timeout_s``: GOAWAY NO_ERROR and close (as grpc core's
   ``max_connection_idle``); :meth:`Http2Connection.go_away` refuses new streams and closes
   once the open ones are done (a server stopping).
@@ -222,7 +225,9 @@ class Http2Connection(asyncio.Protocol):
         self._buffer, self._preface = bytearray(), False
         self._block: tuple[int, int, bytearray] | None = None  # a header block awaiting CONTINUATION
         self._decoder = hpack.Decoder()
-        self._decoder.max_header_list_size = limits.max_header_list
+        # A list over max_header_list is the call's error (gateway.grpc_front); only one far
+        # past it ends the connection (the decoder's table must stay whole: it cannot stop midway).
+        self._decoder.max_header_list_size = 4 * limits.max_header_list
         self._out: list[bytes] | None = None  # frames gathered while a read is handled
         self._window_waiters: list[asyncio.Future[None]] = []
         self._paused: asyncio.Future[None] | None = None
@@ -274,12 +279,18 @@ class Http2Connection(asyncio.Protocol):
         self.transport = None
 
     def pause_writing(self) -> None:
+        """The peer does not read what is written: stop reading from it too, so nothing it
+        sends (requests, PINGs, SETTINGS) makes this side hold more answers in memory."""
         if self._paused is None or self._paused.done():
             self._paused = asyncio.get_running_loop().create_future()
+        if self.transport is not None:
+            self.transport.pause_reading()
 
     def resume_writing(self) -> None:
         if self._paused is not None and not self._paused.done():
             self._paused.set_result(None)
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
 
     # -- what streams use ----------------------------------------------------------------------
 
@@ -319,6 +330,8 @@ class Http2Connection(asyncio.Protocol):
     def forget(self, stream: Stream) -> None:
         """``stream`` is done on both sides, or reset: it no longer counts as open."""
         done = stream.reset or (stream.local_closed and stream.remote_closed)
+        if done:
+            stream.receiver = None  # the call and its buffers go with their task, not a GC pass
         if done and self.streams.pop(stream.id, None) is not None and not self.streams:
             self._idle()
 
@@ -422,7 +435,7 @@ class Http2Connection(asyncio.Protocol):
         if self._block is None or self._block[0] != stream_id:
             raise ConnectionError(PROTOCOL_ERROR, "CONTINUATION without its HEADERS")
         self._block[2].extend(payload)
-        if len(self._block[2]) > 2 * self.limits.max_header_list + FRAME_SIZE:
+        if len(self._block[2]) > 4 * self.limits.max_header_list + FRAME_SIZE:
             raise ConnectionError(ENHANCE_YOUR_CALM, "a header block past the header list size")
         if flags & END_HEADERS:
             self._header_block()
@@ -432,11 +445,14 @@ class Http2Connection(asyncio.Protocol):
         stream_id, flags, block = self._block
         self._block = None
         try:
-            headers = self._decoder.decode(bytes(block), raw=False)
+            # Bytes, read as Latin-1 (one char a byte): a value that is not UTF-8 is the call's
+            # problem (its metadata), not a reason to end the connection and everyone's calls.
+            raw = self._decoder.decode(bytes(block), raw=True)
         except hpack.exceptions.OversizedHeaderListError:
             raise ConnectionError(ENHANCE_YOUR_CALM, "a header list over its limit") from None
         except hpack.exceptions.HPACKError as exc:
             raise ConnectionError(COMPRESSION_ERROR, f"a header block that does not decode: {exc}") from None
+        headers = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in raw]
         stream = self.streams.get(stream_id)
         if stream is not None:  # trailers
             if not flags & END_STREAM:
@@ -469,8 +485,9 @@ class Http2Connection(asyncio.Protocol):
     def _reset_received(self, stream: Stream) -> None:
         stream.reset = True
         self.streams.pop(stream.id, None)
-        if stream.receiver is not None:
-            stream.receiver.reset_received()
+        receiver, stream.receiver = stream.receiver, None
+        if receiver is not None:
+            receiver.reset_received()
         self._wake(self._window_waiters)
         if not self.streams:
             self._idle()

@@ -193,6 +193,10 @@ def test_header_values_and_timeouts_as_the_protocol_writes_them():
 # -- raw HTTP/2 ------------------------------------------------------------------------------
 
 
+_REQUEST_HEADERS = [(":method", "POST"), (":scheme", "http"), (":path", "/t.T/Echo"), (":authority", "x"),
+                    ("content-type", "application/grpc")]  # fmt: skip
+
+
 def _request_block(path: str = "/t.T/Echo", content_type: str = "application/grpc", extra=()) -> bytes:
     return hpack.Encoder().encode([(":method", "POST"), (":scheme", "http"), (":path", path),
                                    (":authority", "x"), ("content-type", content_type), *extra])  # fmt: skip
@@ -331,5 +335,74 @@ def test_stopping_lets_calls_in_flight_finish_and_refuses_new_ones():
             assert await pending == b"in flight"
         with pytest.raises(OSError):
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
+
+    run(body())
+
+
+def test_a_client_that_does_not_read_is_not_read_either():
+    """Answers and PING acknowledgements to a peer that reads nothing stay near the
+    transport's high-water mark: reading stops while writing is paused."""
+
+    async def body():
+        async with _front() as (front, port):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            unlimited = struct.pack(">HI", 0x4, 2**31 - 1)  # SETTINGS_INITIAL_WINDOW_SIZE
+            wider = (2**31 - 2**16).to_bytes(4, "big")
+            writer.write(http2.PREFACE + http2.frame(http2.SETTINGS, 0, 0, unlimited)
+                         + http2.frame(http2.WINDOW_UPDATE, 0, 0, wider))  # fmt: skip
+            payload = _message(bytes(60_000))
+            chunks = [payload[at : at + http2.FRAME_SIZE] for at in range(0, len(payload), http2.FRAME_SIZE)]
+            encoder = hpack.Encoder()
+            for i in range(300):  # 18 MB of answers asked for
+                stream, block = 2 * i + 1, encoder.encode(_REQUEST_HEADERS)
+                writer.write(http2.frame(http2.HEADERS, http2.END_HEADERS, stream, block)
+                             + b"".join(http2.frame(http2.DATA, 0, stream, chunk) for chunk in chunks)
+                             + http2.frame(http2.DATA, http2.END_STREAM, stream))  # fmt: skip
+            pings = (http2.frame(http2.PING, 0, 0, b"%08d" % i) for i in range(200_000))  # 3.4 MB
+            writer.write(b"".join(pings))
+            await asyncio.sleep(3.0)
+            open_ = [c.transport for c in front.connections if c.transport is not None]
+            held = sum(transport.get_write_buffer_size() for transport in open_)
+            writer.transport.abort()
+            assert held < 4 * 2**20, held
+
+    run(body())
+
+
+def test_a_call_ended_by_its_connection_frees_its_bytes_without_a_collection():
+    async def body():
+        import gc
+        import weakref
+
+        async with _front() as (front, port):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            declared = b"\x00" + struct.pack(">I", 4 * MiB)
+            writer.write(http2.PREFACE + http2.frame(http2.SETTINGS, 0, 0)
+                         + http2.frame(http2.HEADERS, http2.END_HEADERS, 1, _request_block())
+                         + http2.frame(http2.DATA, 0, 1, declared + bytes(10_000)))  # fmt: skip
+            await asyncio.sleep(0.3)
+            [call] = front.calls
+            left = weakref.ref(call)
+            del call
+            gc.disable()
+            try:
+                writer.transport.abort()
+                await asyncio.sleep(0.3)
+                assert left() is None and not front.calls
+            finally:
+                gc.enable()
+
+    run(body())
+
+
+def test_metadata_over_the_header_list_limit_fails_that_call_alone():
+    async def body():
+        async with _front(max_header_list=4096) as (_, port), _channel(port) as channel:
+            slow = asyncio.ensure_future(channel.unary_unary("/t.T/Echo")(b"beside", timeout=5))
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await channel.unary_unary("/t.T/Echo")(b"x", timeout=5, metadata=(("x-big", "v" * 6000),))
+            assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert await slow == b"beside"
+            assert await channel.unary_unary("/t.T/Echo")(b"after", timeout=5) == b"after"
 
     run(body())
