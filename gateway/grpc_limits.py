@@ -1,9 +1,10 @@
 """Limits on what a gRPC call can make the gateway hold before any work is done.
 
-grpc core refuses a message over ``grpc.max_receive_message_length`` from its declared
-length (measured with a raw HTTP/2 client declaring 2^31-1 bytes: the stream is reset after
-~8 MiB, the server's memory does not grow; ``tests/hardening/test_grpc_limits.py``). Under
-that size it reads a message whole before a unary handler runs, so every unary-request method
+The gRPC front (:mod:`gateway.grpc_front`) and grpc core (``--grpc-front grpcio``) both
+refuse a message over the largest size from its declared length (a raw HTTP/2 client
+declaring 2^31-1 bytes: the call ends, the server's memory does not grow;
+``tests/hardening/test_limits.py``). Under that size either reads a message whole before a
+unary handler runs, so every unary-request method
 is served as a request-streaming one that reads the message itself (:func:`receive`, from the
 handler wrapper of :mod:`gateway.grpc_server`), which lets it:
 

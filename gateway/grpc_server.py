@@ -1,4 +1,5 @@
-"""The KServe v2 gRPC adapter: ``inference.GRPCInferenceService`` on a ``grpc.aio`` server.
+"""The KServe v2 gRPC adapter: ``inference.GRPCInferenceService``, served by the gateway's own
+gRPC front (:mod:`gateway.grpc_front`, the default) or a ``grpc.aio`` server (``--grpc-front grpcio``).
 
 The servicer only converts (:mod:`gateway.grpc_codec`) and calls the same :class:`DataPlane`
 methods as the HTTP adapter. Errors are mapped once, by each handler's wrapper (:func:`_wrapped`), from
