@@ -31,7 +31,7 @@ import collections
 import logging
 import re
 import zlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import grpc
@@ -182,10 +182,10 @@ class Call:
             if self._failure is not None or self._peer_gone:
                 await self._cancelled()
             elif handler.response_streaming:
-                await handler.stream_stream(self._requests(), self)
+                await handler.stream_stream(Requests(self), self)
                 await self._finish(grpc.StatusCode.OK, "")
             elif handler.request_streaming:
-                await self._answer(await handler.stream_unary(self._requests(), self))
+                await self._answer(await handler.stream_unary(Requests(self), self))
             else:
                 await self._answer(await handler.unary_unary(await self._single(), self))
         except grpc.aio.AbortError:
@@ -210,11 +210,6 @@ class Call:
         elif not self._peer_gone and not self.stream.reset:  # the server stops (as grpc.aio says it)
             await self._finish(grpc.StatusCode.UNAVAILABLE, "Cancelling all calls")
 
-    async def _requests(self) -> AsyncIterator[Any]:
-        deserializer = self.handler.request_deserializer
-        while (message := await self._next()) is not None:
-            yield deserializer(message) if deserializer is not None else message
-
     async def _single(self) -> Any:
         message = await self._next()
         if message is None:
@@ -229,6 +224,9 @@ class Call:
                 return None
             self._waiter = asyncio.get_running_loop().create_future()
             await self._waiter
+        return self._take()
+
+    def _take(self) -> bytes:
         message = self._messages.popleft()
         if self._owed and len(self._messages) < 2:
             self.stream.consumed(self._owed)
@@ -296,6 +294,35 @@ class Call:
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
+
+
+class Requests:
+    """A call's request messages, deserialized as its handler says, as an async iterator;
+    :meth:`ready` takes one that arrived already without waiting (the usual unary request
+    comes with its headers: :func:`gateway.grpc_limits.receive` then needs no task)."""
+
+    def __init__(self, call: Call):
+        self._call = call
+
+    def __aiter__(self) -> Requests:
+        return self
+
+    async def __anext__(self) -> Any:
+        message = await self._call._next()
+        if message is None:
+            raise StopAsyncIteration
+        return self._decoded(message)
+
+    def ready(self) -> Any | None:
+        """A message received and not yet taken, or None."""
+        call = self._call
+        if not call._messages:
+            return None
+        return self._decoded(call._take())
+
+    def _decoded(self, message: bytes) -> Any:
+        deserializer = self._call.handler.request_deserializer
+        return deserializer(message) if deserializer is not None else message
 
 
 def _header_list_size(headers: dict[str, str]) -> int:

@@ -69,16 +69,22 @@ async def receive(
     requests: AsyncIterator[bytes], limits: GrpcLimits | None, held: Reservation | None
 ) -> bytes:
     """A unary call's one raw message, read within ``limits`` (module doc) and then held in
-    ``held`` at its size. Raises :class:`RequestTimeout` past ``read_timeout_s``,
-    :class:`InvalidInput` for a call without a message, :class:`Overloaded` (from the
-    budget) when the budget cannot hold a message being read."""
-    if limits is None or held is None:
+    ``held`` at its size; at once when ``requests`` has a ``ready()`` giving the message
+    already received (:class:`gateway.grpc_front.Requests`: no task, no wait). Raises
+    :class:`RequestTimeout` past ``read_timeout_s``, :class:`InvalidInput` for a call
+    without a message, :class:`Overloaded` (from the budget) when the budget cannot hold a
+    message being read."""
+    ready = getattr(requests, "ready", None)  # the gRPC front's: the message arrived already
+    raw = ready() if ready is not None else None
+    if raw is None and (limits is None or held is None):
         try:
             return await anext(aiter(requests))
         except StopAsyncIteration:
             raise InvalidInput("the call carried no request message") from None
-    raw = await _read(requests, limits, held)
-    held.resize(len(raw))
+    if raw is None:
+        raw = await _read(requests, limits, held)  # type: ignore[arg-type]
+    if held is not None:
+        held.resize(len(raw))
     return raw
 
 

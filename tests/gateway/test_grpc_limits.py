@@ -118,3 +118,38 @@ async def _test_the_calls_own_cancellation_stays_a_cancellation_and_gives_the_by
         await task
     await asyncio.sleep(0.3)  # the read timeout's timer must not fire into a later call
     assert budget.used == 0
+
+
+class _Arrived:
+    """The gRPC front's request iterator when the message came with the call's headers."""
+
+    def __init__(self, message: bytes | None):
+        self.message, self.iterated = message, False
+
+    def ready(self) -> bytes | None:
+        message, self.message = self.message, None
+        return message
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> bytes:
+        self.iterated = True
+        await asyncio.sleep(0.05)
+        return MESSAGE
+
+
+def test_a_message_already_there_is_taken_without_waiting():
+    async def body():
+        budget = ByteBudget(10 * LARGEST)
+        limits = GrpcLimits(budget, max_message_bytes=LARGEST)
+        with budget.reservation() as held:
+            arrived = _Arrived(b"y" * 50)
+            assert await receive(arrived, limits, held) == b"y" * 50
+            assert held.held == 50 and not arrived.iterated
+        with budget.reservation() as held:  # nothing there yet: read as any call's message
+            later = _Arrived(None)
+            assert await receive(later, limits, held) == MESSAGE and later.iterated
+            assert held.held == len(MESSAGE)
+
+    asyncio.run(body())
