@@ -3,9 +3,9 @@
 It serves the same method handlers as a ``grpc.aio`` server would (:func:`gateway.grpc_server.
 method_handlers`: the servicer, its error mapping, access checks and message limits are
 unchanged), with each call's ``context`` a :class:`Call`: ``invocation_metadata``,
-``time_remaining``, ``abort`` and ``write``, what those handlers use. Why: a call costs a
-fifth of grpc.aio's CPU this way (docs/benchmarks.md, "Stop 26"); ``--grpc-front grpcio``
-keeps grpc.aio.
+``time_remaining``, ``abort`` and ``write``, what those handlers use. Why: the gateway's CPU
+a gRPC request at c32 fell from 708–746 µs on grpc.aio to 315–329 (docs/benchmarks.md,
+"Stop 26"); ``--grpc-front grpcio`` keeps grpc.aio.
 
 The protocol followed is gRPC over HTTP/2 (grpc's ``doc/PROTOCOL-HTTP2.md``):
 
@@ -184,10 +184,8 @@ class Call:
             elif handler.response_streaming:
                 await handler.stream_stream(Requests(self), self)
                 await self._finish(grpc.StatusCode.OK, "")
-            elif handler.request_streaming:
-                await self._answer(await handler.stream_unary(Requests(self), self))
             else:
-                await self._answer(await handler.unary_unary(await self._single(), self))
+                await self._answer(await handler.stream_unary(Requests(self), self))
         except grpc.aio.AbortError:
             await self._finish(*self._aborted)
         except asyncio.CancelledError:
@@ -209,14 +207,6 @@ class Call:
             await self._finish(*self._failure)
         elif not self._peer_gone and not self.stream.reset:  # the server stops (as grpc.aio says it)
             await self._finish(grpc.StatusCode.UNAVAILABLE, "Cancelling all calls")
-
-    async def _single(self) -> Any:
-        message = await self._next()
-        if message is None:
-            self._aborted = (grpc.StatusCode.INTERNAL, "the call carried no request message")
-            raise grpc.aio.AbortError()
-        deserializer = self.handler.request_deserializer
-        return deserializer(message) if deserializer is not None else message
 
     async def _next(self) -> bytes | None:
         while not self._messages:
@@ -357,12 +347,15 @@ def _metadata(headers: dict[str, str]) -> list[Metadatum]:
 class GrpcFront:
     """A gRPC server of ``handlers`` (full method path → ``grpc.RpcMethodHandler``) on HTTP/2
     connections of its own, with grpc's message limits from ``limits`` and the connection
-    limits of ``http2_limits``."""
+    limits of ``http2_limits``. Every handler is request-streaming (a unary one reads its
+    message itself: :func:`gateway.grpc_server.method_handlers`); raises ValueError if not."""
 
     def __init__(
         self, handlers: dict[str, grpc.RpcMethodHandler], limits: GrpcLimits | None,
         http2_limits: http2.Http2Limits | None = None,
     ) -> None:  # fmt: skip
+        if not all(handler.request_streaming for handler in handlers.values()):
+            raise ValueError("a handler must read its own requests (grpc_server.method_handlers)")
         self.handlers = handlers
         self.max_receive = limits.max_message_bytes if limits is not None else DEFAULT_MAX_RECEIVE
         self.max_send = limits.max_message_bytes if limits is not None else 2**31 - 1

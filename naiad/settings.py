@@ -231,7 +231,7 @@ class Settings(BaseSettings):
 
     grpc_front: Literal["naiad", "grpcio"] = "naiad"
     """What serves gRPC (``--grpc-front``): ``naiad``, the gateway's own HTTP/2 connections
-    (:mod:`gateway.grpc_front`, a fifth of grpc.aio's CPU a call), or ``grpcio``, a
+    (:mod:`gateway.grpc_front`, less than half of grpc.aio's gateway CPU a request), or ``grpcio``, a
     ``grpc.aio`` server."""
 
     http_fast_infer: bool = True

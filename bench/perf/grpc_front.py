@@ -32,6 +32,21 @@ import struct
 from tritonclient.grpc import service_pb2 as pb
 
 from bench.perf import front_probe, loadgen
+from gateway.http2 import (
+    ACK,
+    DATA,
+    END_HEADERS,
+    END_STREAM,
+    HEADERS,
+    PADDED,
+    PING,
+    PREFACE,
+    PRIORITY_FLAG,
+    SETTINGS,
+    WINDOW_UPDATE,
+    frame,
+    header_block,
+)
 
 METHOD = "/inference.GRPCInferenceService/ModelInfer"
 ANSWER = pb.ModelInferResponse(
@@ -93,29 +108,12 @@ class HyperH2(asyncio.Protocol):
         self.transport.write(conn.data_to_send())
 
 
-# HTTP/2 frame types and flags (RFC 9113 §6).
-DATA, HEADERS, SETTINGS, PING, WINDOW_UPDATE, CONTINUATION = 0x0, 0x1, 0x4, 0x6, 0x8, 0x9
-END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY = 0x1, 0x1, 0x4, 0x8, 0x20
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-
-
-def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
-    return struct.pack(">I", len(payload))[1:] + bytes((kind, flags)) + struct.pack(">I", stream) + payload
-
-
-def _literal(name: bytes, value: bytes) -> bytes:
-    """An HPACK literal header field without indexing, new name, no Huffman (RFC 7541 §6.2.2)."""
-    assert len(name) < 127 and len(value) < 127
-    return b"\x00" + bytes((len(name),)) + name + bytes((len(value),)) + value
-
-
 class BareHttp2(asyncio.Protocol):
     """HTTP/2 frames split by hand; request headers decoded by ``hpack``; every stream that
     ends is answered with :data:`ANSWER`."""
 
-    # ":status: 200" is static table entry 8 (RFC 7541 Appendix A): one indexed byte.
-    RESPONSE_HEADERS = b"\x88" + _literal(b"content-type", b"application/grpc")
-    TRAILERS = _literal(b"grpc-status", b"0")
+    RESPONSE_HEADERS = header_block([(":status", "200"), ("content-type", "application/grpc")])
+    TRAILERS = header_block([("grpc-status", "0")])
     MESSAGE = struct.pack(">BI", 0, len(ANSWER)) + ANSWER
 
     def connection_made(self, transport) -> None:
@@ -150,7 +148,7 @@ class BareHttp2(asyncio.Protocol):
         if kind == HEADERS:
             if flags & PADDED:
                 payload = payload[1 : len(payload) - payload[0]]
-            if flags & PRIORITY:
+            if flags & PRIORITY_FLAG:
                 payload = payload[5:]
             assert flags & END_HEADERS, "CONTINUATION is not handled by this probe"
             self.paths[stream] = dict(self.decoder.decode(payload)).get(":path")
