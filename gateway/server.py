@@ -207,8 +207,9 @@ async def run_gateway(settings: Settings, redis_url: str, stop: asyncio.Event) -
         await stack.enter_async_context(_site(metrics, metrics_host, settings.metrics_port, limits))
         await stack.enter_async_context(_sibling_processes(settings, redis_url, dataplane))
         logger.info(
-            "serving %s: HTTP on :%d, gRPC on :%d, metrics on :%d",
-            settings.model_repository, settings.http_port, settings.grpc_port, settings.metrics_port,
+            "serving %s: HTTP on :%d, gRPC on :%d (%s front), metrics on :%d",
+            settings.model_repository, settings.http_port, settings.grpc_port, settings.grpc_front,
+            settings.metrics_port,
         )
         await stop.wait()
 
