@@ -164,6 +164,12 @@ class Settings(BaseSettings):
     this host's name). On Kubernetes, give the node's name (``NAIAD_RATE_LIMIT_HOST`` from
     ``spec.nodeName``) so the workers of one node share them."""
 
+    demote_spinning_threads: bool = True
+    """A worker moves the threads of its model's frameworks that busy-wait between batches
+    (ONNX Runtime's spinning intra-op pool in a ``model.py``'s session, OpenMP's) to
+    ``SCHED_IDLE``, so they use only CPU that the gateway and other workers leave idle
+    (:mod:`workers.spin_watch`; ``--demote-spinning-threads false`` leaves them alone)."""
+
     warm_pool_size: int = Field(default=1, ge=0)
     """Generic worker processes the local scaler keeps started ahead of need (interpreter up,
     frameworks imported, connected to Redis, no model yet); a cold start claims one and pays

@@ -35,7 +35,7 @@ from naiad.codec import QueuedRequest, Reply, encode_reply
 from naiad.datatypes import datatype_of
 from naiad.errors import InferenceFailed, NaiadError
 from naiad.inference import Tensor
-from workers import batching, model_thread, rate_limiter
+from workers import batching, model_thread, rate_limiter, spin_watch
 from workers.loader import VersionLoader
 from workers.model import ModelRunner
 
@@ -58,6 +58,8 @@ class BatchExecutor:
         self._infer_ns: weakref.WeakKeyDictionary[ModelRunner, dict[int, int]] = weakref.WeakKeyDictionary()
         #: Runs the batches that do not run on the loop: the model's thread, which loaded it.
         self.thread = loader.thread
+        #: Framework threads that busy-wait between batches go to SCHED_IDLE (:mod:`workers.spin_watch`).
+        self.spin_watch = spin_watch.watch(loader.settings.demote_spinning_threads)
 
     async def execute(self, group: list[QueuedRequest]) -> tuple[list[bytes], stats.Execution | None]:
         """Run ``group`` (one batch, one version): the encoded replies in ``group`` order, and
@@ -90,9 +92,15 @@ class BatchExecutor:
         try:
             runner = await self.loader.get(group[0].request.version)
             async with rate_limiter.slot(self.rate_limit):
-                if is_request_level(runner):
-                    return await run_requests(runner, group, self.thread)
-                return await self._run_merged(runner, group)
+                if self.spin_watch is not None:
+                    self.spin_watch.batch_started()
+                try:
+                    if is_request_level(runner):
+                        return await run_requests(runner, group, self.thread)
+                    return await self._run_merged(runner, group)
+                finally:
+                    if self.spin_watch is not None:
+                        self.spin_watch.batch_ended()
         except NaiadError as exc:
             error = exc
         except Exception as exc:  # the backend's own errors reach the client with their text

@@ -95,6 +95,7 @@ class LocalScaler:
             "--rate-limit", self.settings.rate_limit,
             *(f"--rate-limit-resource={value}" for value in self.settings.rate_limit_resource),
             *(["--rate-limit-host", self.settings.rate_limit_host] if self.settings.rate_limit_host else []),
+            "--demote-spinning-threads", str(self.settings.demote_spinning_threads).lower(),
             *self.log_flags(),
         ]  # fmt: skip
 

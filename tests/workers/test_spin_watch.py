@@ -1,0 +1,109 @@
+"""``workers.spin_watch``: a framework thread that busy-waits between batches (ONNX Runtime's
+intra-op pool with spinning on, as a ``model.py`` may build it) is moved to SCHED_IDLE; one
+that sleeps between batches (spinning off), and Python's own threads, are left alone."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from workers import spin_watch
+from workers.spin_watch import SpinWatch
+
+pytestmark = pytest.mark.skipif(spin_watch.watch(True) is None, reason="Linux's SCHED_IDLE and thread clocks")
+
+ROWS, WIDTH = 64, 256
+
+
+def session(spinning: bool, path):
+    """An ONNX Runtime session of one large MatMul with two intra-op threads (so the pool has
+    a thread of its own on any machine) and spinning as asked (ONNX Runtime's default: on)."""
+    import onnxruntime as ort  # noqa: PLC0415
+    from onnx import TensorProto, helper, numpy_helper, save  # noqa: PLC0415
+
+    weight = numpy_helper.from_array(np.ones((WIDTH, WIDTH), np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, WIDTH])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, WIDTH])], [weight],
+    )  # fmt: skip
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def idle_threads() -> set[int]:
+    found = set()
+    for tid in spin_watch.native_threads():
+        try:
+            if os.sched_getscheduler(tid) == os.SCHED_IDLE:
+                found.add(tid)
+        except OSError:
+            continue
+    return found
+
+
+def batches(watch: SpinWatch, run, count: int = 5, gap_s: float = 0.01) -> None:
+    """``count`` batches as the executor runs them, ``gap_s`` apart (no model code between)."""
+    for _ in range(count):
+        watch.batch_started()
+        run()
+        watch.batch_ended()
+        time.sleep(gap_s)
+
+
+def test_a_spinning_onnx_runtime_pool_thread_goes_to_sched_idle(tmp_path):
+    before = idle_threads()
+    sess = session(True, tmp_path / "m.onnx")
+    x = np.ones((ROWS, WIDTH), np.float32)
+    watch = SpinWatch(check_s=0.0)
+    batches(watch, lambda: sess.run(None, {"x": x}))
+    assert watch.demoted, "the spinning pool thread was not found"
+    assert watch.demoted <= idle_threads() - before
+    python = {t.native_id for t in threading.enumerate()}
+    assert not watch.demoted & python
+    np.testing.assert_array_equal(sess.run(None, {"x": x})[0], np.full((ROWS, WIDTH), WIDTH, np.float32))
+
+
+def test_a_pool_that_sleeps_between_batches_and_python_threads_are_left_alone(tmp_path):
+    pre = set(spin_watch.native_threads())
+    sess = session(False, tmp_path / "m.onnx")
+    pool = set(spin_watch.native_threads()) - pre
+    assert pool, "the session started no pool thread"
+    x = np.ones((ROWS, WIDTH), np.float32)
+    stop = threading.Event()
+    busy = threading.Thread(target=lambda: [None for _ in iter(stop.is_set, True)])  # a Python spinner
+    busy.start()
+    try:
+        watch = SpinWatch(check_s=0.0)
+        batches(watch, lambda: sess.run(None, {"x": x}))
+    finally:
+        stop.set()
+        busy.join()
+    # (another library's pool may still spin from an earlier test: OpenBLAS's after a matmul)
+    assert not watch.demoted & (pool | {busy.native_id})
+
+
+def test_readings_are_taken_once_a_check_period():
+    watch = SpinWatch(check_s=60.0)
+    watch.batch_ended()
+    first = watch._read_at
+    watch.batch_started()
+    watch.batch_ended()
+    assert first is not None and watch._read_at is None  # the second end is inside the period
+
+
+def test_a_gone_thread_is_skipped():
+    assert not spin_watch.demote(2**22 + 12345)  # no such thread
+    with pytest.raises(OSError):
+        spin_watch.thread_cpu_ns(2**22 + 12345)
+
+
+def test_the_setting_turns_it_off():
+    assert spin_watch.watch(False) is None
