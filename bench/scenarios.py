@@ -20,7 +20,10 @@ each with the same load generator (:mod:`bench.perf.loadgen`) and writes ``NAME.
   (:func:`peer_targets`): against Triton, c32 throughput ≥ 1× (must 0.8×) and c1 p50 ≤ 1.2× (must
   1.5×) per encoding; against MLServer's best (JSON), c32 ≥ 2×. Reference lines beside them:
   the grpc.aio floor against Triton's gRPC, and what Naiad's c32 points could reach at their
-  measured costs (:func:`bounds`). Needs ``make bench-setup``.
+  measured costs (:func:`bounds`). ``--rounds N`` runs every server N times, in a rotated
+  order each round, and reports each point's median round (:func:`median_series`; this VM's
+  speed drifts by ±40 % over minutes, so one round's ratios move with whichever servers a
+  slow spell fell on). Needs ``make bench-setup``.
 - ``coldstart`` / ``cache``: run ``bench/cold_start.py`` / ``bench/cache_zipf.py`` on the
   benchmark repository's ``digits`` (arguments after ``--`` go to them) and keep their Markdown
   under ``--out``.
@@ -192,15 +195,52 @@ def peers(run: Run, repo: Path) -> dict:
          [("mlserver adaptive batching", onnx)]),
         ("kserve", lambda: start_kserve(repo, logs, onnx), [("kserve", onnx)]),
     ]  # fmt: skip
-    for name, start, measured in starters:
-        if run.args.only and name not in run.args.only:
-            continue
-        with running(start()) as server:
-            for label, model in measured:
-                for suffix, protocol, encoding in encodings(run, SPOKEN.get(name, ("json",))):
-                    url = server.grpc_url if protocol == "grpc" else server.http_url
-                    run.measure(server, f"{label} {suffix}", target(url, model, protocol, encoding), suffix)
-    return peer_targets(run)
+    starters = [s for s in starters if not run.args.only or s[0] in run.args.only]
+    rounds = run.args.rounds
+    for rnd in range(rounds):
+        for name, start, measured in starters[rnd:] + starters[:rnd]:  # each round in another order
+            with running(start()) as server:
+                for label, model in measured:
+                    for suffix, protocol, encoding in encodings(run, SPOKEN.get(name, ("json",))):
+                        url = server.grpc_url if protocol == "grpc" else server.http_url
+                        tgt = target(url, model, protocol, encoding)
+                        run.measure(server, f"{label} {suffix}", tgt, suffix)["round"] = rnd + 1
+    if rounds == 1:
+        return peer_targets(run)
+    every, run.series = run.series, median_series(run.series)
+    return {**peer_targets(run), "rounds": every, "notes": [rounds_note(run.series, rounds)]}
+
+
+def median_series(series: list[dict]) -> list[dict]:
+    """One series per label from several rounds' (the first round's order): at each load
+    level the point whose throughput is the median of the rounds' (the lower one of an even
+    count), carrying every round's throughput as ``round_rps`` (in round order)."""
+    labels = list(dict.fromkeys(s["label"] for s in series))
+    merged = []
+    for label in labels:
+        runs = [s for s in series if s["label"] == label]
+        points = []
+        for level in [p["concurrency"] for p in runs[0]["points"]]:
+            found = [p for s in runs if (p := point(s, level))]
+            if not found:
+                continue
+            ranked = sorted(found, key=lambda p: p["throughput_rps"])
+            points.append({**ranked[(len(ranked) - 1) // 2], "round_rps": [p["throughput_rps"] for p in found]})
+        merged.append({**runs[0], "points": points, "round": None})
+    return merged
+
+
+def rounds_note(series: list[dict], rounds: int) -> str:
+    """The Markdown note of a run of several rounds: how its points were chosen, and each
+    point's throughput in every round."""
+    lines = [f"Each point above is the median of {rounds} rounds by throughput (the servers run in a "
+             "rotated order each round, so a slow spell of the VM falls on different servers); "
+             "req/s in each round:", "", "| series | load | req/s by round |", "| --- | --- | --- |"]  # fmt: skip
+    for s in series:
+        for p in s["points"]:
+            by_round = " · ".join(f"{r:.0f}" for r in p.get("round_rps", []))
+            lines.append(f"| {s['label']} | c{p['concurrency']} | {by_round} |")
+    return "\n".join(lines)
 
 
 #: The encodings each peers server is measured with, where not JSON alone: Triton and Naiad
@@ -370,6 +410,8 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
     p.add_argument("--only", nargs="+", help="peers: only these servers (floor triton naiad mlserver kserve)")
     p.add_argument("--encoding", nargs="+", choices=[e[0] for e in ENCODINGS], help="peers: only these")
     p.add_argument("--loop", choices=["auto", "uvloop", "asyncio"], default="auto")
+    p.add_argument("--rounds", type=int, default=1, help="peers: run every server this many times, "
+                   "in a rotated order, and report each point's median round")
     return p.parse_args(argv), extra
 
 
