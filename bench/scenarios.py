@@ -225,7 +225,8 @@ def median_series(series: list[dict]) -> list[dict]:
             if not found:
                 continue
             ranked = sorted(found, key=lambda p: p["throughput_rps"])
-            points.append({**ranked[(len(ranked) - 1) // 2], "round_rps": [p["throughput_rps"] for p in found]})
+            median = ranked[(len(ranked) - 1) // 2]
+            points.append({**median, "round_rps": [p["throughput_rps"] for p in found]})
         merged.append({**runs[0], "points": points, "round": None})
     return merged
 
@@ -235,7 +236,8 @@ def rounds_note(series: list[dict], rounds: int) -> str:
     point's throughput in every round."""
     lines = [f"Each point above is the median of {rounds} rounds by throughput (the servers run in a "
              "rotated order each round, so a slow spell of the VM falls on different servers); "
-             "req/s in each round:", "", "| series | load | req/s by round |", "| --- | --- | --- |"]  # fmt: skip
+             "req/s in each round:", "",
+             "| series | load | req/s by round |", "| --- | --- | --- |"]  # fmt: skip
     for s in series:
         for p in s["points"]:
             by_round = " · ".join(f"{r:.0f}" for r in p.get("round_rps", []))

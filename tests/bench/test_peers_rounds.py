@@ -14,7 +14,8 @@ def series(label: str, rnd: int, rps: dict[int, float]) -> dict:
 def test_each_point_is_its_median_round_with_every_rounds_throughput():
     runs = [series("triton json", 1, {1: 900, 32: 6000}), series("naiad json", 1, {1: 800, 32: 5000}),
             series("naiad json", 2, {1: 700, 32: 3000}), series("triton json", 2, {1: 1000, 32: 9000}),
-            series("triton json", 3, {1: 950, 32: 4000}), series("naiad json", 3, {1: 750, 32: 5500})]  # fmt: skip
+            series("triton json", 3, {1: 950, 32: 4000}),
+            series("naiad json", 3, {1: 750, 32: 5500})]  # fmt: skip
     merged = median_series(runs)
     assert [s["label"] for s in merged] == ["triton json", "naiad json"]
     triton, naiad = ({p["concurrency"]: p for p in s["points"]} for s in merged)
