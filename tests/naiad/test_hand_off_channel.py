@@ -308,19 +308,20 @@ def test_withdraw_all_reaches_a_gateway_whose_offer_this_worker_thinks_used(redi
     asyncio.run(scenario())
 
 
-def test_an_offer_of_a_batch_takes_a_burst_in_one_write_and_the_rest_goes_through_redis(redis_url):
-    """A worker offering three requests: of five made in one loop turn, three go down its
-    socket in one write (the worker reads them in one piece, so it starts one batch on
-    them), and the two the offer does not cover go through the stream."""
+def test_an_offer_of_a_batch_takes_a_burst_in_two_halves_and_the_rest_goes_through_redis(redis_url):
+    """A worker offering four requests: of five made in one loop turn, four go down its
+    socket, in two writes of two (a write that carries half the offer goes at once, so the
+    worker starts on the first half while the gateway hands the rest), and the one the offer
+    does not cover goes through the stream."""
 
     class Counted:
-        """The gateway's end of the socket, counting its writes."""
+        """The gateway's end of the socket, counting the requests of each write."""
 
         def __init__(self, transport):
-            self.transport, self.writes = transport, 0
+            self.transport, self.writes = transport, []
 
         def writelines(self, parts) -> None:
-            self.writes += 1
+            self.writes.append(len(parts) // 3)  # a request: its frame header, header, data
             self.transport.writelines(parts)
 
         def __getattr__(self, name):
@@ -329,19 +330,19 @@ def test_an_offer_of_a_batch_takes_a_burst_in_one_write_and_the_rest_goes_throug
     async def scenario():
         async with Gateway(redis_url) as gw:
             worker = Worker(gw.redis)
-            worker.sender.direct.offer_count = 3
+            worker.sender.direct.offer_count = 4
             await worker.connect(gw)
             await until(lambda: gw.server._offers.get(MODEL), "the offer")
             (link,) = gw.server._offers[MODEL]
             link.transport = counted = Counted(link.transport)
             calls = [asyncio.create_task(gw.dispatcher.infer(request(float(i)), 5)) for i in range(5)]
-            handed = [await asyncio.wait_for(worker.handed.get(), 5) for _ in range(3)]
-            assert counted.writes == 1 and not gw.server._offers.get(MODEL)
+            handed = [await asyncio.wait_for(worker.handed.get(), 5) for _ in range(4)]
+            assert counted.writes == [2, 2] and not gw.server._offers.get(MODEL)
             queued = await worker.reader.read(5, 5000)
-            assert len(queued) == 2 and worker.handed.empty()
+            assert len(queued) == 1 and worker.handed.empty()
             await worker.sender.send([(q, answer(q)) for q in handed + queued], offer=False)
             assert [outputs(await c)[0] for c in calls] == [0.0, 2.0, 4.0, 6.0, 8.0]
-            assert sorted(q.entry_id == b"" for q in handed + queued) == [False, False, True, True, True]
+            assert sorted(q.entry_id == b"" for q in handed + queued) == [False, True, True, True, True]
             worker.sender.direct.close()
 
     asyncio.run(scenario())
