@@ -28,8 +28,8 @@ none of its requests of the model in the stream:
 instead of through Redis (:meth:`ReplyServer.take`, :meth:`WorkerLink.hand`; the requests
 of a burst in one write, or two when it is over half the offer): two hops a request, as
 Triton's server to its stub, instead of four process wake-ups through Redis; under load a
-whole batch goes this way, without a Redis command. A worker handed requests is busy with them: an idle worker's whole offer is
-taken first (:meth:`ReplyServer.take`), and the rest of a busy worker's only while no idle
+whole batch goes this way, without a Redis command. A worker handed requests is busy with
+them: an idle worker's whole offer is taken first (:meth:`ReplyServer.take`), and the rest of a busy worker's only while no idle
 one offers; requests handed to a busy worker wait for its next batch, as claimed stream
 entries do, at most one offer's worth a gateway (plus, rarely, requests of an older offer
 that arrive after a newer one was made). An offer counts requests, not rows: the worker's
