@@ -25,19 +25,19 @@ the versions it loaded (an offer frame; the next reply frame carries it when the
 be idle after that batch). A gateway with an offer for a request's model and version (and
 none of its requests of the model in the stream:
 :meth:`naiad.queue_client.QueueDispatcher.infer`) sends the request down that connection
-instead of through Redis (:meth:`ReplyServer.take`, :meth:`WorkerLink.hand`; the requests
-of a burst in one write, or two when it is over half the offer): two hops a request, as
+instead of through Redis (:meth:`ReplyServer.take`, :meth:`WorkerLink.hand`; the requests of
+a burst in one write, or two when it is over half the offer): two hops a request, as
 Triton's server to its stub, instead of four process wake-ups through Redis; under load a
 whole batch goes this way, without a Redis command. A worker handed requests is busy with
-them: an idle worker's whole offer is taken first (:meth:`ReplyServer.take`), and the rest of a busy worker's only while no idle
-one offers; requests handed to a busy worker wait for its next batch, as claimed stream
-entries do, at most one offer's worth a gateway (plus, rarely, requests of an older offer
-that arrive after a newer one was made). An offer counts requests, not rows: the worker's
-batcher splits what it was handed by ``max_batch_size`` rows as it does claimed entries.
-The gateway holds the request until its answer comes: when the connection closes first (the
-worker exited or died) it queues the request through Redis as any other
-(:meth:`naiad.queue_client.QueueDispatcher.infer`), so no request is lost to this path; one
-answered twice keeps its first answer.
+them: an idle worker's whole offer is taken first (:meth:`ReplyServer.take`), and the rest
+of a busy worker's only while no idle one offers; requests handed to a busy worker wait for
+its next batch, as claimed stream entries do, at most one offer's worth a gateway (plus,
+rarely, requests of an older offer that arrive after a newer one was made). An offer counts
+requests, not rows: the worker's batcher splits what it was handed by ``max_batch_size``
+rows as it does claimed entries. The gateway holds the request until its answer comes: when
+the connection closes first (the worker exited or died) it queues the request through Redis
+as any other (:meth:`naiad.queue_client.QueueDispatcher.infer`), so no request is lost to
+this path; one answered twice keeps its first answer.
 
 Frames, worker to gateway: ``>II`` header (statistics length, replies length), the
 statistics (msgpack, or empty), the replies (encoded replies concatenated, as one element
