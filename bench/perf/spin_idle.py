@@ -45,17 +45,23 @@ def schedstat(pid: int) -> dict[int, tuple[int, int]]:
     return found
 
 
-def answered(http_url: str) -> int:
+def answered(http_url: str) -> tuple[int, int, int]:
+    """The model's answered requests, executed batches and ``compute_infer`` ns so far
+    (Triton's statistics extension: a request's ``compute_infer`` is its batch's, so the ns
+    over the requests is the mean batch's compute time)."""
     with urllib.request.urlopen(f"http://{http_url.removeprefix('http://')}/v2/models/{MODEL}/stats") as r:
-        return json.load(r)["model_stats"][0]["inference_stats"]["success"]["count"]
+        stats = json.load(r)["model_stats"][0]
+    inference = stats["inference_stats"]
+    return inference["success"]["count"], stats["execution_count"], inference["compute_infer"]["ns"]
 
 
 def window(http_url: str, pids: dict[str, int], seconds: float) -> dict:
     """One window: req/s, and per process its busiest thread's run and wait shares."""
     before = {k: schedstat(p) for k, p in pids.items()}
-    count, start = answered(http_url), time.monotonic()
+    first, start = answered(http_url), time.monotonic()
     time.sleep(seconds)
-    count, elapsed = answered(http_url) - count, time.monotonic() - start
+    count, batches, infer_ns = (b - a for a, b in zip(first, answered(http_url), strict=True))
+    elapsed = time.monotonic() - start
     after = {k: schedstat(p) for k, p in pids.items()}
     shares = {}
     for kind, threads in after.items():
@@ -65,7 +71,8 @@ def window(http_url: str, pids: dict[str, int], seconds: float) -> dict:
                 wait_s = (wait - before[kind][tid][1]) / 1e9 / elapsed
                 if run_s > 0.05:
                     shares[f"{kind} {tid}"] = (round(run_s, 2), round(wait_s, 2))
-    return {"rps": count / elapsed, "threads": shares}
+    return {"rps": count / elapsed, "threads": shares, "batch": count / max(batches, 1),
+            "infer_us": infer_ns / max(count, 1) / 1e3}  # each request counts its batch's time
 
 
 def busiest(worker_pid: int, seconds: float = 1.0) -> int:
@@ -115,12 +122,14 @@ def render(rows: list[dict], command: str) -> str:
     lines = ["## A spinning ONNX Runtime pool thread: normal policy vs SCHED_IDLE\n",
              f"Command: `{command}` ({time.strftime('%Y-%m-%d %H:%M')}, "
              f"this machine: {os.cpu_count()} cores).\n",
-             "| round | spinner | req/s | gateway thread run · run-queue wait (share of the window) "
+             "| round | spinner | req/s | mean batch | compute_infer µs a batch "
+             "| gateway thread run · run-queue wait (share of the window) "
              "| threads over 5 % of a core: run · wait |",
-             "| --- | --- | --- | --- | --- |"]  # fmt: skip
+             "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for r in rows:
         threads = ", ".join(f"{k} {v[0]:.2f} · {v[1]:.2f}" for k, v in r["threads"].items())
         lines.append(f"| {r['round']} | {'SCHED_IDLE' if r['idle'] else 'normal'} | {r['rps']:.0f} | "
+                     f"{r.get('batch', 0):.1f} | {r.get('infer_us', 0):.0f} | "
                      f"{gateway(r, 0):.2f} · {gateway(r, 1):.2f} | {threads} |")  # fmt: skip
     ratio = median(True, lambda r: r["rps"]) / median(False, lambda r: r["rps"])
     waits = (median(False, lambda r: gateway(r, 1)), median(True, lambda r: gateway(r, 1)))
