@@ -42,7 +42,7 @@ import logging
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import hpack
 import hpack.exceptions
@@ -210,6 +210,44 @@ class Stream:
             self.connection.forget(self)
 
 
+
+class HeaderDecoder:
+    """HPACK decoding (RFC 7541, python-hyper's ``hpack``) of one connection's header blocks,
+    each value read as Latin-1 (one char a byte), that skips a block it decoded last time when
+    that decoding left the dynamic table as it was. A client's repeated calls send the same
+    bytes once its table holds their fields (indexed representations only, RFC 7541 §6.1):
+    decoding depends only on the bytes and the table (§2.3, §3), so the same bytes on the same
+    table give the same list. Any block that changes the table (an insertion, §6.2.1; a size
+    update, §6.3) forgets the remembered one."""
+
+    def __init__(self, max_header_list_size: int) -> None:
+        self.decoder = hpack.Decoder()
+        self.decoder.max_header_list_size = max_header_list_size
+        self._block: bytes | None = None
+        self._headers: list[tuple[str, str]] = []
+
+    def decode(self, block: bytes) -> list[tuple[str, str]]:
+        """The block's header list (a fresh list). Raises hpack's errors."""
+        if block == self._block:
+            return list(self._headers)
+        table = self.decoder.header_table
+        before = self._state(table)
+        self._block = None  # a decode that raises midway may have changed the table
+        raw = self.decoder.decode(block, raw=True)
+        headers = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in raw]
+        if self._same(before, self._state(table)):
+            self._block, self._headers = block, headers
+        return list(headers)
+
+    @staticmethod
+    def _state(table: Any) -> tuple:  # hpack.table.HeaderTable
+        entries = table.dynamic_entries
+        return (entries[0] if entries else None, len(entries), table.maxsize)
+
+    @staticmethod
+    def _same(a: tuple, b: tuple) -> bool:
+        return a[0] is b[0] and a[1:] == b[1:]  # the newest entry by identity: every insertion is a new tuple
+
 class Http2Connection(asyncio.Protocol):
     """One client connection. ``on_stream(stream, headers)`` is called for each new stream
     with its decoded header list (name, value) and returns the stream's :class:`Receiver`."""
@@ -224,10 +262,9 @@ class Http2Connection(asyncio.Protocol):
         self.closing = False
         self._buffer, self._preface = bytearray(), False
         self._block: tuple[int, int, bytearray] | None = None  # a header block awaiting CONTINUATION
-        self._decoder = hpack.Decoder()
         # A list over max_header_list is the call's error (gateway.grpc_front); only one far
         # past it ends the connection (the decoder's table must stay whole: it cannot stop midway).
-        self._decoder.max_header_list_size = 4 * limits.max_header_list
+        self._decoder = HeaderDecoder(4 * limits.max_header_list)
         self._out: list[bytes] | None = None  # frames gathered while a read is handled
         self._window_waiters: list[asyncio.Future[None]] = []
         self._paused: asyncio.Future[None] | None = None
@@ -447,12 +484,11 @@ class Http2Connection(asyncio.Protocol):
         try:
             # Bytes, read as Latin-1 (one char a byte): a value that is not UTF-8 is the call's
             # problem (its metadata), not a reason to end the connection and everyone's calls.
-            raw = self._decoder.decode(bytes(block), raw=True)
+            headers = self._decoder.decode(bytes(block))
         except hpack.exceptions.OversizedHeaderListError:
             raise ConnectionError(ENHANCE_YOUR_CALM, "a header list over its limit") from None
         except hpack.exceptions.HPACKError as exc:
             raise ConnectionError(COMPRESSION_ERROR, f"a header block that does not decode: {exc}") from None
-        headers = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in raw]
         stream = self.streams.get(stream_id)
         if stream is not None:  # trailers
             if not flags & END_STREAM:
