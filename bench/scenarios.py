@@ -198,7 +198,7 @@ def peers(run: Run, repo: Path) -> dict:
     starters = [s for s in starters if not run.args.only or s[0] in run.args.only]
     rounds = run.args.rounds
     for rnd in range(rounds):
-        for name, start, measured in starters[rnd:] + starters[:rnd]:  # each round in another order
+        for name, start, measured in round_order(starters, rnd):
             with running(start()) as server:
                 settle(server, [target(server.http_url, model, "http", "json") for _, model in measured])
                 for label, model in measured:
@@ -210,6 +210,12 @@ def peers(run: Run, repo: Path) -> dict:
         return peer_targets(run)
     every, run.series = run.series, median_series(run.series)
     return {**peer_targets(run), "rounds": every, "notes": [rounds_note(run.series, rounds)]}
+
+
+def round_order(items: list, rnd: int) -> list:
+    """``items`` rotated by ``rnd`` (round 0 as given): each round starts with another."""
+    first = rnd % len(items) if items else 0
+    return items[first:] + items[:first]
 
 
 #: :func:`settle`: a server tree counts as quiet under this many cores over a quiet window,
@@ -445,8 +451,9 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
     p.add_argument("--only", nargs="+", help="peers: only these servers (floor triton naiad mlserver kserve)")
     p.add_argument("--encoding", nargs="+", choices=[e[0] for e in ENCODINGS], help="peers: only these")
     p.add_argument("--loop", choices=["auto", "uvloop", "asyncio"], default="auto")
-    p.add_argument("--rounds", type=int, default=1, help="peers: run every server this many times, "
-                   "in a rotated order, and report each point's median round")
+    p.add_argument("--rounds", type=lambda v: max(1, int(v)), default=1,
+                   help="peers: run every server this many times, in a rotated order, and report each "
+                   "point's median round")
     return p.parse_args(argv), extra
 
 

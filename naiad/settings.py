@@ -165,10 +165,12 @@ class Settings(BaseSettings):
     ``spec.nodeName``) so the workers of one node share them."""
 
     demote_spinning_threads: bool = True
-    """A worker moves the threads of its model's frameworks that busy-wait between batches
-    (ONNX Runtime's spinning intra-op pool in a ``model.py``'s session, OpenMP's) to
-    ``SCHED_IDLE``, so they use only CPU that the gateway and other workers leave idle
-    (:mod:`workers.spin_watch`; ``--demote-spinning-threads false`` leaves them alone)."""
+    """A worker runs the threads of its model's frameworks that busy-wait between batches
+    (ONNX Runtime's spinning intra-op pool in a ``model.py``'s session, OpenMP's) at
+    ``SCHED_IDLE`` between batches and at ``SCHED_OTHER`` during them, so their waiting uses
+    only CPU the gateway and other workers leave idle (:mod:`workers.spin_watch`; needs
+    root, ``CAP_SYS_NICE`` or ``RLIMIT_NICE``, else off; ``--demote-spinning-threads false``
+    leaves them alone)."""
 
     warm_pool_size: int = Field(default=1, ge=0)
     """Generic worker processes the local scaler keeps started ahead of need (interpreter up,

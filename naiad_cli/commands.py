@@ -44,7 +44,7 @@ COMMON_FLAGS = {
     "--log-warning": ("log_warning", _bool, "true or false: WARNING records"),
     "--log-error": ("log_error", _bool, "true or false: ERROR records"),
     "--demote-spinning-threads": ("demote_spinning_threads", _bool, "true or false: a worker runs its "
-                                  "model's framework threads that busy-wait between batches at SCHED_IDLE"),
+                                  "model's framework threads that busy-wait at SCHED_IDLE between batches"),
 }
 # flag -> Settings field, for the scaler's policy (serve, scaler; workers read min and idle).
 SCALER_FLAGS = {

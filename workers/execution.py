@@ -58,7 +58,7 @@ class BatchExecutor:
         self._infer_ns: weakref.WeakKeyDictionary[ModelRunner, dict[int, int]] = weakref.WeakKeyDictionary()
         #: Runs the batches that do not run on the loop: the model's thread, which loaded it.
         self.thread = loader.thread
-        #: Framework threads that busy-wait between batches go to SCHED_IDLE (:mod:`workers.spin_watch`).
+        #: Framework threads that busy-wait go to SCHED_IDLE between batches (:mod:`workers.spin_watch`).
         self.spin_watch = spin_watch.watch(loader.settings.demote_spinning_threads)
 
     async def execute(self, group: list[QueuedRequest]) -> tuple[list[bytes], stats.Execution | None]:
@@ -89,23 +89,22 @@ class BatchExecutor:
     async def _execute_batch(
         self, group: list[QueuedRequest]
     ) -> tuple[list[bytes], stats.Execution | None]:
+        if self.spin_watch is not None:  # a load runs with the batch (spinners at SCHED_OTHER)
+            self.spin_watch.batch_started()
         try:
             runner = await self.loader.get(group[0].request.version)
             async with rate_limiter.slot(self.rate_limit):
-                if self.spin_watch is not None:
-                    self.spin_watch.batch_started()
-                try:
-                    if is_request_level(runner):
-                        return await run_requests(runner, group, self.thread)
-                    return await self._run_merged(runner, group)
-                finally:
-                    if self.spin_watch is not None:
-                        self.spin_watch.batch_ended()
+                if is_request_level(runner):
+                    return await run_requests(runner, group, self.thread)
+                return await self._run_merged(runner, group)
         except NaiadError as exc:
             error = exc
         except Exception as exc:  # the backend's own errors reach the client with their text
             logger.exception("inference failed on model '%s'", self.model)
             error = InferenceFailed(f"inference failed: {exc}")
+        finally:
+            if self.spin_watch is not None:
+                self.spin_watch.batch_ended()
         return [encode_reply(Reply(q.queue_id, error=error)) for q in group], None
 
     async def _run_merged(

@@ -1,4 +1,4 @@
-"""Framework threads that busy-wait between batches run at ``SCHED_IDLE``.
+"""Framework threads that busy-wait between batches run at ``SCHED_IDLE`` between batches.
 
 Thread pools of ML frameworks spin after a parallel run, waiting for the next one without
 sleeping: ONNX Runtime's intra-op pool by default (``session.intra_op.allow_spinning`` 1;
@@ -12,15 +12,19 @@ gateway's thread spent 0.28–0.37 of its time runnable but not running with the
 thread ran at ``SCHED_IDLE`` (``/proc/PID/task/TID/schedstat``; docs/benchmarks.md, "Stop 27").
 
 :class:`SpinWatch` finds them: about once a :data:`CHECK_S`, between the end of one batch and
-the start of the next (no model code runs then), it reads the CPU time of every native thread
-of the worker process that is not a Python thread (the frameworks' own pools; Python's threads
-— the event loop, the model thread, a ``model.py``'s own — are left alone, and so are threads
-already at ``SCHED_IDLE``), and a thread that
-used at least :data:`SPIN_SHARE` of a core over that gap (at least :data:`MIN_GAP_S`) is
-moved to ``SCHED_IDLE`` (``sched(7)``: it runs only on a CPU no other thread wants, and any
-other thread waking preempts it). It still joins the model's parallel runs: ONNX Runtime's
-caller thread takes the work a helper has not started. A thread once moved stays there (a
-process may lower its own threads' policy, not always raise it back).
+the start of the next (the version's load, when a batch needs one, counts as the batch's),
+it reads the CPU time of every native thread of the worker process that is not a Python
+thread (the frameworks' own pools; Python's threads — the event loop, the model thread, a
+``model.py``'s own — are left alone, and so are threads already at ``SCHED_IDLE``). A thread
+that used at least :data:`SPIN_SHARE` of a core over that gap (at least :data:`MIN_GAP_S`)
+is a *spinner*: from then on it is moved to ``SCHED_IDLE`` at each batch's end (``sched(7)``:
+it runs only on a CPU no other thread wants, and any thread waking preempts it) and back to
+``SCHED_OTHER`` at each batch's start, so it computes its share of a batch at the normal
+policy. Kept at ``SCHED_IDLE`` through the batches as well, an OpenMP pool (static shares:
+every run waits for each thread's) ran a PyTorch matmul 20–30× slower with the cores busy,
+and ONNX Runtime's batches took 0.7–1.2 ms instead of ~0.5 (docs/benchmarks.md, "Stop 27").
+Moving a thread back from ``SCHED_IDLE`` needs root, ``CAP_SYS_NICE`` or an ``RLIMIT_NICE``
+allowing nice 0; a process without it (:func:`can_restore`) leaves its threads alone.
 
 Linux only (``os.sched_setscheduler`` with ``SCHED_IDLE`` and per-thread CPU clocks); elsewhere,
 or with ``--demote-spinning-threads false``, :func:`watch` returns None and nothing is read.
@@ -63,28 +67,48 @@ def native_threads() -> list[int]:
     return [tid for tid in tids if tid not in python]
 
 
-def demote(tid: int) -> bool:
-    """Move thread ``tid`` to ``SCHED_IDLE``; False when it is gone or may not be moved."""
+def set_policy(tid: int, policy: int) -> bool:
+    """Put thread ``tid`` under ``policy`` (``os.SCHED_IDLE`` or ``os.SCHED_OTHER``, nice 0);
+    False when it is gone or may not be moved."""
     try:
-        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+        os.sched_setscheduler(tid, policy, os.sched_param(0))
     except OSError:
         return False
     return True
 
 
+def can_restore() -> bool:
+    """Whether this process may move a thread back from ``SCHED_IDLE`` to ``SCHED_OTHER``
+    (root, ``CAP_SYS_NICE``, or an ``RLIMIT_NICE`` that allows nice 0: ``sched(7)``), tried on
+    a thread started for it."""
+    result: list[bool] = []
+
+    def probe() -> None:
+        me = threading.get_native_id()
+        result.append(set_policy(me, os.SCHED_IDLE) and set_policy(me, os.SCHED_OTHER))
+
+    thread = threading.Thread(target=probe, name="naiad-sched-probe")
+    thread.start()
+    thread.join()
+    return bool(result and result[0])
+
+
 class SpinWatch:
-    """Finds busy-waiting framework threads between batches (module doc). The executor calls
-    :meth:`batch_started` before each batch and :meth:`batch_ended` after it."""
+    """Finds busy-waiting framework threads between batches and keeps them at ``SCHED_IDLE``
+    between batches only (module doc). The executor calls :meth:`batch_started` before each
+    batch (its version's load included) and :meth:`batch_ended` after it."""
 
     def __init__(self, check_s: float = CHECK_S) -> None:
         self.check_s = check_s
-        self.demoted: set[int] = set()
+        self.spinners: set[int] = set()  # threads found busy-waiting between batches
         self._next = 0.0  # monotonic: the next batch end that takes a reading
         self._reading: dict[int, int] = {}  # tid -> CPU ns at the last batch end
         self._read_at: float | None = None
 
     def batch_ended(self) -> None:
-        """At a batch's end, once a :attr:`check_s`: read the native threads' CPU time."""
+        """The spinners to ``SCHED_IDLE``; once a :attr:`check_s`, a reading of the other
+        native threads' CPU time."""
+        self._move(os.SCHED_IDLE)
         now = time.monotonic()
         if now < self._next:
             return
@@ -92,34 +116,45 @@ class SpinWatch:
         self._reading = {}
         for tid in native_threads():
             try:
-                if tid not in self.demoted and os.sched_getscheduler(tid) != os.SCHED_IDLE:
+                if tid not in self.spinners and os.sched_getscheduler(tid) != os.SCHED_IDLE:
                     self._reading[tid] = thread_cpu_ns(tid)
             except OSError:
                 continue
         self._read_at = time.monotonic()
 
     def batch_started(self) -> None:
-        """At the next batch's start: each thread read at the last end that used
-        :data:`SPIN_SHARE` of a core since is demoted."""
-        if self._read_at is None:
-            return
-        gap_s, self._read_at = time.monotonic() - self._read_at, None
+        """Each thread read at the last end that used :data:`SPIN_SHARE` of a core since
+        joins the spinners; the spinners back to ``SCHED_OTHER`` for the batch."""
+        if self._read_at is not None:
+            self._judge(time.monotonic() - self._read_at)
+        self._move(os.SCHED_OTHER)
+
+    def _judge(self, gap_s: float) -> None:
+        self._read_at, reading, self._reading = None, self._reading, {}
         if gap_s < MIN_GAP_S:
             return
-        for tid, before in self._reading.items():
+        for tid, before in reading.items():
             try:
                 share = (thread_cpu_ns(tid) - before) / 1e9 / gap_s
             except OSError:
                 continue
-            if share >= SPIN_SHARE and demote(tid):
-                self.demoted.add(tid)
+            if share >= SPIN_SHARE:
+                self.spinners.add(tid)
                 logger.info("thread %d busy-waited between batches (%.0f %% of a core over %.1f ms): it "
-                            "runs at SCHED_IDLE from now", tid, share * 100, gap_s * 1e3)
-        self._reading = {}
+                            "runs at SCHED_IDLE between batches from now", tid, share * 100, gap_s * 1e3)
+
+    def _move(self, policy: int) -> None:
+        gone = [tid for tid in self.spinners if not set_policy(tid, policy)]
+        self.spinners.difference_update(gone)
 
 
 def watch(enabled: bool) -> SpinWatch | None:
-    """A :class:`SpinWatch` when ``enabled`` and this platform has what it needs, else None."""
+    """A :class:`SpinWatch` when ``enabled`` and this platform and process have what it needs
+    (:func:`can_restore` among it), else None."""
     if not enabled or not hasattr(os, "SCHED_IDLE") or not os.path.isdir(_TASKS):
+        return None
+    if not can_restore():
+        logger.info("spinning threads are left alone: this process may not move a thread back "
+                    "from SCHED_IDLE (CAP_SYS_NICE or RLIMIT_NICE, sched(7))")
         return None
     return SpinWatch()

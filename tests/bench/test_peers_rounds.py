@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.scenarios import median_series, rounds_note
+from bench.scenarios import median_series, round_order, rounds_note
 
 
 def series(label: str, rnd: int, rps: dict[int, float]) -> dict:
@@ -30,3 +30,8 @@ def test_each_point_is_its_median_round_with_every_rounds_throughput():
 def test_an_even_count_takes_the_lower_median():
     merged = median_series([series("x", 1, {32: 10}), series("x", 2, {32: 30})])
     assert merged[0]["points"][0]["throughput_rps"] == 10
+
+
+def test_rounds_rotate_the_servers_past_their_count():
+    orders = [round_order(["a", "b"], rnd)[0] for rnd in range(4)]
+    assert orders == ["a", "b", "a", "b"]

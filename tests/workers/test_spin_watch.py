@@ -1,6 +1,7 @@
 """``workers.spin_watch``: a framework thread that busy-waits between batches (ONNX Runtime's
-intra-op pool with spinning on, as a ``model.py`` may build it) is moved to SCHED_IDLE; one
-that sleeps between batches (spinning off), and Python's own threads, are left alone."""
+intra-op pool with spinning on, as a ``model.py`` may build it) runs at SCHED_IDLE between
+batches and at SCHED_OTHER during them; one that sleeps between batches (spinning off), and
+Python's own threads, are left alone."""
 
 from __future__ import annotations
 
@@ -64,10 +65,15 @@ def test_a_spinning_onnx_runtime_pool_thread_goes_to_sched_idle(tmp_path):
     x = np.ones((ROWS, WIDTH), np.float32)
     watch = SpinWatch(check_s=0.0)
     batches(watch, lambda: sess.run(None, {"x": x}))
-    assert watch.demoted, "the spinning pool thread was not found"
-    assert watch.demoted <= idle_threads() - before
+    assert watch.spinners, "the spinning pool thread was not found"
+    assert watch.spinners <= idle_threads() - before  # between batches
     python = {t.native_id for t in threading.enumerate()}
-    assert not watch.demoted & python
+    assert not watch.spinners & python
+    watch.batch_started()  # during a batch: the normal policy, a full share of the run
+    assert not watch.spinners & idle_threads()
+    assert all(os.sched_getscheduler(tid) == os.SCHED_OTHER for tid in watch.spinners)
+    watch.batch_ended()
+    assert watch.spinners <= idle_threads()
     np.testing.assert_array_equal(sess.run(None, {"x": x})[0], np.full((ROWS, WIDTH), WIDTH, np.float32))
 
 
@@ -87,7 +93,7 @@ def test_a_pool_that_sleeps_between_batches_and_python_threads_are_left_alone(tm
         stop.set()
         busy.join()
     # (another library's pool may still spin from an earlier test: OpenBLAS's after a matmul)
-    assert not watch.demoted & (pool | {busy.native_id})
+    assert not watch.spinners & (pool | {busy.native_id})
 
 
 def test_readings_are_taken_once_a_check_period():
@@ -100,10 +106,20 @@ def test_readings_are_taken_once_a_check_period():
 
 
 def test_a_gone_thread_is_skipped():
-    assert not spin_watch.demote(2**22 + 12345)  # no such thread
+    assert not spin_watch.set_policy(2**22 + 12345, os.SCHED_IDLE)  # no such thread
     with pytest.raises(OSError):
         spin_watch.thread_cpu_ns(2**22 + 12345)
 
 
-def test_the_setting_turns_it_off():
+def test_the_setting_turns_it_off_and_a_process_that_cannot_restore_leaves_threads_alone(monkeypatch):
     assert spin_watch.watch(False) is None
+    assert spin_watch.can_restore()  # this test process may (root or CAP_SYS_NICE here)
+    monkeypatch.setattr(spin_watch, "can_restore", lambda: False)
+    assert spin_watch.watch(True) is None
+
+
+def test_a_spinner_gone_is_dropped():
+    watch = SpinWatch()
+    watch.spinners = {2**22 + 12345}
+    watch.batch_ended()
+    assert watch.spinners == set()
