@@ -218,27 +218,32 @@ def round_order(items: list, rnd: int) -> list:
     return items[first:] + items[:first]
 
 
-#: :func:`settle`: a server tree counts as quiet under this many cores over a quiet window,
-#: and is waited for at most ``SETTLE_S`` seconds.
-QUIET_CORES, QUIET_WINDOW_S, SETTLE_S = 0.05, 0.5, 20.0
+#: :func:`settle`: a server tree counts as quiet under this many cores over each window of
+#: ``QUIET_WINDOW_S`` for ``QUIET_FOR_S`` in a row (longer than a warm pool's refill delay,
+#: ``workers.warm_pool.REFILL_DELAY_S``), and is waited for at most ``SETTLE_S`` seconds.
+QUIET_CORES, QUIET_WINDOW_S, QUIET_FOR_S, SETTLE_S = 0.05, 0.5, 3.0, 30.0
 
 
 def settle(server: Server, targets: Sequence[loadgen.Target]) -> None:
-    """Before a server's first measured point: one request to each model it will be measured
-    on (a server that starts workers on demand starts them now: Naiad's cold start claims a
-    warm-pool process, and the pool starts its replacement, importing ONNX Runtime), then a
-    wait until its process tree is quiet (:data:`QUIET_CORES` over :data:`QUIET_WINDOW_S`,
-    at most :data:`SETTLE_S`). Every server gets the same, so each is measured in its steady
-    state (Triton loads its models at start; before this, the replacement's import could
-    land in Naiad's first point: 500–570 µs of worker CPU a request at c1 against 287 in a
-    round where it did not, peers-stop27)."""
+    """Before a server's first measured point: one request to each model it will be measured on
+    (a server that starts workers on demand starts them now: Naiad's cold start claims a
+    warm-pool process, and the pool starts its replacement a second later, importing ONNX
+    Runtime), then a wait until its process tree has been quiet for :data:`QUIET_FOR_S`
+    (under :data:`QUIET_CORES` in every :data:`QUIET_WINDOW_S`; at most :data:`SETTLE_S`).
+    Every server gets the same, so each is measured in its steady state (Triton loads its
+    models at start; before this, the replacement's import could land in Naiad's first
+    point: 500–570 µs of worker CPU a request at c1 against 287 in a round where it did not,
+    peers-stop27)."""
     for tgt in targets:
         loadgen.run(lambda tgt=tgt: _prime(tgt))
     tree, deadline = loadgen.ProcessTreeCpu([server.pid]), time.monotonic() + SETTLE_S
+    quiet_since = time.monotonic()
     while time.monotonic() < deadline:
         before = tree.seconds()
         time.sleep(QUIET_WINDOW_S)
-        if (tree.seconds() - before) / QUIET_WINDOW_S < QUIET_CORES:
+        if (tree.seconds() - before) / QUIET_WINDOW_S >= QUIET_CORES:
+            quiet_since = time.monotonic()
+        elif time.monotonic() - quiet_since >= QUIET_FOR_S:
             return
 
 
