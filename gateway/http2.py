@@ -210,7 +210,6 @@ class Stream:
             self.connection.forget(self)
 
 
-
 class HeaderDecoder:
     """HPACK decoding (RFC 7541, python-hyper's ``hpack``) of one connection's header blocks,
     each value read as Latin-1 (one char a byte), that skips a block it decoded last time when
@@ -247,6 +246,7 @@ class HeaderDecoder:
     @staticmethod
     def _same(a: tuple, b: tuple) -> bool:
         return a[0] is b[0] and a[1:] == b[1:]  # the newest entry by identity: every insertion is a new tuple
+
 
 class Http2Connection(asyncio.Protocol):
     """One client connection. ``on_stream(stream, headers)`` is called for each new stream
