@@ -17,9 +17,11 @@ What a connection does (section numbers of RFC 9113):
   removed; a new odd stream id above the last one opens a stream (past the concurrent-stream
   bound: ``RST_STREAM`` REFUSED_STREAM), given to ``on_stream``; a header block on an open
   stream is its trailers;
-- DATA (§6.1) to the stream's receiver; the connection window is given back at once, the
-  stream's window when the receiver has taken the bytes (:meth:`Stream.consumed`), so an
-  unread stream stops its sender (§5.2);
+- DATA (§6.1) to the stream's receiver; the connection window is given back as DATA
+  arrives, the stream's window when the receiver has taken the bytes (:meth:`Stream.consumed`),
+  so an unread stream stops its sender (§5.2); either only once half of it is spent
+  (:data:`UPDATE_AT`, as nghttp2 and grpc core do): a unary call's request, far below that,
+  costs no WINDOW_UPDATE, so the client is not woken once more per call;
 - the peer's windows (§6.9) and largest frame size bound what :meth:`Stream.send_data`
   writes; it waits for ``WINDOW_UPDATE`` when a window is spent;
 - PING is answered (§6.7), PRIORITY and unknown frame types ignored (§5.5), PUSH_PROMISE from
@@ -74,6 +76,8 @@ FRAME_SIZE = 16_384
 CONNECTION_WINDOW = 16 * 2**20
 #: This side's initial stream receive window (SETTINGS_INITIAL_WINDOW_SIZE).
 STREAM_WINDOW = 4 * 2**20
+#: Part of a receive window spent before it is given back (one WINDOW_UPDATE for the lot).
+UPDATE_AT = 0.5
 _HEAD = struct.Struct(">BBI")  # after the 3-byte length: type, flags, stream id
 
 
@@ -142,12 +146,16 @@ class Stream:
         self.receiver: Receiver | None = None
         self.remote_closed = self.local_closed = self.reset = False
         self.unacknowledged = 0  # bytes received and not given back to the stream's window
+        self.taken = 0  # of those, bytes the receiver has taken (given back together)
 
     def consumed(self, n: int) -> None:
-        """Give ``n`` bytes received back to this stream's window (a WINDOW_UPDATE)."""
-        self.unacknowledged -= n
-        if n > 0 and not self.remote_closed and not self.reset:
-            self.connection.write(frame(WINDOW_UPDATE, 0, self.id, n.to_bytes(4, "big")))
+        """The receiver took ``n`` bytes: give them back to this stream's window (a
+        WINDOW_UPDATE) once half the window is taken and the peer may still send."""
+        self.taken += n
+        if self.taken >= STREAM_WINDOW * UPDATE_AT and not self.remote_closed and not self.reset:
+            self.unacknowledged -= self.taken
+            self.connection.write(frame(WINDOW_UPDATE, 0, self.id, self.taken.to_bytes(4, "big")))
+            self.taken = 0
 
     def send_headers(self, block: bytes, end_stream: bool = False) -> None:
         """Write a header block (response headers, or trailers with ``end_stream``)."""
@@ -258,7 +266,7 @@ class Http2Connection(asyncio.Protocol):
         self.streams: dict[int, Stream] = {}
         self.last_stream_id = 0
         self.send_window, self.peer_window, self.peer_frame_size = DEFAULT_WINDOW, DEFAULT_WINDOW, FRAME_SIZE
-        self.receive_window = CONNECTION_WINDOW
+        self.receive_window = CONNECTION_WINDOW  # what the peer may still send
         self.closing = False
         self._buffer, self._preface = bytearray(), False
         self._block: tuple[int, int, bytearray] | None = None  # a header block awaiting CONTINUATION
@@ -437,9 +445,10 @@ class Http2Connection(asyncio.Protocol):
         self.receive_window -= len(payload)
         if self.receive_window < 0:
             raise ConnectionError(FLOW_CONTROL_ERROR, "DATA past the connection window")
-        if payload:  # the connection's window is given back at once; a stream's as it is read
-            self.receive_window += len(payload)
-            self.write(frame(WINDOW_UPDATE, 0, 0, len(payload).to_bytes(4, "big")))
+        spent = CONNECTION_WINDOW - self.receive_window  # given back as it arrives; a stream's as read
+        if spent >= CONNECTION_WINDOW * UPDATE_AT:
+            self.receive_window = CONNECTION_WINDOW
+            self.write(frame(WINDOW_UPDATE, 0, 0, spent.to_bytes(4, "big")))
         stream = self.streams.get(stream_id)
         if stream is None or stream.remote_closed:
             if stream_id > self.last_stream_id:

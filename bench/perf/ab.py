@@ -51,8 +51,9 @@ def row(name: str, rnd: int, point: dict) -> str:
     total = sum(cpu.get(k, 0) for k in KINDS)
     redis = costs.get("redis", {})
     batch = costs.get("batches", {}).get("mean_size")
+    client = point.get("client_cpu", 0.0) * 1e6 / max(point["throughput_rps"], 1e-9)
     return (f"| {rnd} | {name} | {point['throughput_rps']:.0f} | {point['latency_ms']['p50']:.2f} | "
-            f"{' + '.join(parts)} = {total:.0f} | {redis.get('commands_per_request', '-')} / "
+            f"{' + '.join(parts)} = {total:.0f} | {client:.0f} | {redis.get('commands_per_request', '-')} / "
             f"{redis.get('reads_per_request', '-')} | {batch} |")  # fmt: skip
 
 
@@ -76,8 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     repo = ensure_repository(args.repository)
     print(f"`python -m bench.perf.ab {' '.join(sys.argv[1:] if argv is None else argv)}`\n")
     print("| round | tree | req/s | p50 ms | CPU µs/req gateway + redis + worker = total "
-          "| Redis cmds / reads per req | mean batch |")  # fmt: skip
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+          "| client µs/req | Redis cmds / reads per req | mean batch |")  # fmt: skip
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     results: dict[int, list[float]] = {0: [], 1: []}
     for rnd in range(1, args.rounds + 1):
         order = (0, 1) if rnd % 2 else (1, 0)

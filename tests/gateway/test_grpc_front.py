@@ -296,6 +296,40 @@ def test_data_past_the_stream_window_resets_that_stream():
     run(body())
 
 
+def _window_updates(frames, stream: int) -> list[int]:
+    return [int.from_bytes(p, "big") for k, _, s, p in frames if k == http2.WINDOW_UPDATE and s == stream]
+
+
+def test_windows_are_given_back_once_half_spent_not_per_call():
+    """A unary call's request costs no WINDOW_UPDATE (the client is not woken once more per
+    call); a stream that keeps sending gets its window back once half of it is read, and
+    calls past the connection window (16 MiB) go on: it is given back too."""
+
+    async def body():
+        async with _front() as (_, port):
+            echo = http2.frame(http2.HEADERS, http2.END_HEADERS, 1, _request_block())
+            echo += http2.frame(http2.DATA, http2.END_STREAM, 1, _message(b"hi"))
+            got = await _raw(port, echo, read_s=0.5)
+            assert [p for k, _, _, p in got if k == http2.DATA] == [_message(b"hi")]
+            raised = (http2.CONNECTION_WINDOW - http2.DEFAULT_WINDOW,)  # this side's first frames
+            assert (*_window_updates(got, 0), *_window_updates(got, 1)) == raised
+            reads_all = http2.frame(http2.SETTINGS, 0, 0, struct.pack(">HI", 0x4, 2**31 - 1))
+            reads_all += http2.frame(http2.WINDOW_UPDATE, 0, 0, (2**31 - 2**16).to_bytes(4, "big"))
+            chat = reads_all + http2.frame(http2.HEADERS, http2.END_HEADERS, 1, _request_block("/t.T/Chat"))
+            chunk = _message(bytes(16_000))
+            chat += b"".join(http2.frame(http2.DATA, 0, 1, chunk) for _ in range(3 * MiB // len(chunk)))
+            got = await _raw(port, chat, read_s=1.5)
+            given = _window_updates(got, 1)
+            assert given and sum(given) >= http2.STREAM_WINDOW * http2.UPDATE_AT, given
+            assert _window_updates(got, 0) == list(raised)  # 3 MiB: under half the connection's
+        async with _front() as (_, port), _channel(port, **{"grpc.max_receive_message_length": -1}) as channel:
+            big = bytes(7 * MiB)
+            for i in range(4):  # 28 MiB on one connection
+                assert await channel.unary_unary("/t.T/Echo")(big + b"%d" % i, timeout=20) == big + b"%d" % i
+
+    run(body())
+
+
 def test_silent_and_idle_connections_are_closed():
     async def body():
         async with _front(handshake_timeout_s=0.3, idle_timeout_s=0.5) as (_, port):
