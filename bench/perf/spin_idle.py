@@ -5,8 +5,8 @@ loads ``digits_python`` (``bench/peers/digits_python/model.py``: its ONNX Runtim
 spins, ONNX Runtime's default) at ``--concurrency`` without pause, and alternates windows of
 ``--window`` seconds: the worker's busiest thread (its ONNX Runtime pool thread, spinning) at
 the normal policy, then at ``SCHED_IDLE`` throughout (:mod:`workers.spin_watch` moves it
-there between batches only), then back, ``--rounds`` times. Each window reports the requests answered a second (the
-model's statistics extension) and, per thread of the gateway, the worker and the load
+there between batches only), then back, ``--rounds`` times. Each window reports the requests
+answered a second (the model's statistics extension) and, per thread of the gateway, the worker and the load
 generator, the share of the window it ran and the share it was runnable but waiting for a
 CPU (``/proc/PID/task/TID/schedstat``: run ns, run-queue wait ns). One server, one load, so
 the VM's drift (±40 % over minutes) moves both settings alike.

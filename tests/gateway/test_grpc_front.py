@@ -322,7 +322,8 @@ def test_windows_are_given_back_once_half_spent_not_per_call():
             given = _window_updates(got, 1)
             assert given and sum(given) >= http2.STREAM_WINDOW * http2.UPDATE_AT, given
             assert _window_updates(got, 0) == list(raised)  # 3 MiB: under half the connection's
-        async with _front() as (_, port), _channel(port, **{"grpc.max_receive_message_length": -1}) as channel:
+        unbounded = {"grpc.max_receive_message_length": -1}
+        async with _front() as (_, port), _channel(port, **unbounded) as channel:
             big = bytes(7 * MiB)
             for i in range(4):  # 28 MiB on one connection
                 assert await channel.unary_unary("/t.T/Echo")(big + b"%d" % i, timeout=20) == big + b"%d" % i
