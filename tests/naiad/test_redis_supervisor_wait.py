@@ -1,0 +1,46 @@
+"""naiad.redis_server._wait: how the embedded Redis's supervisor thread learns that the
+server exited, without polling (each poll would take the GIL from the gateway's loop)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+
+from naiad.redis_server import _wait
+
+
+def _voluntary_switches(tid: int) -> int:
+    with open(f"/proc/self/task/{tid}/status") as status:
+        line = next(row for row in status if row.startswith("voluntary_ctxt_switches"))
+    return int(line.split()[1])
+
+
+def test_a_running_process_is_waited_for_without_polling():
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        seen: dict[str, int | None] = {}
+
+        def waiting() -> None:
+            tid = threading.get_native_id()
+            before = _voluntary_switches(tid)
+            seen["status"] = _wait(process, 1.0)
+            seen["switches"] = _voluntary_switches(tid) - before
+
+        thread = threading.Thread(target=waiting)
+        thread.start()
+        thread.join(10)
+        assert seen["status"] is None  # still running after the timeout
+        assert seen["switches"] <= 3, seen  # Popen.wait(1.0) wakes ~25 times
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_an_exit_is_seen_at_once_and_a_reaped_process_gives_its_status():
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3); raise SystemExit(3)"])
+    started = time.monotonic()
+    assert _wait(process, 20.0) == 3
+    assert time.monotonic() - started < 10  # woken by the exit, not by the timeout
+    assert _wait(process, 5.0) == 3  # reaped already: its status, no wait on a reused pid
