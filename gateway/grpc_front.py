@@ -385,8 +385,7 @@ class GrpcFront:
             if late:
                 await asyncio.wait(late, timeout=1.0)
         for connection in list(self.connections):
-            if connection.transport is not None:
-                connection.transport.close()
+            connection.close()
         if self._server is not None:
             await self._server.wait_closed()
 

@@ -24,6 +24,8 @@ What a connection does (section numbers of RFC 9113):
   costs no WINDOW_UPDATE, so the client is not woken once more per call;
 - the peer's windows (§6.9) and largest frame size bound what :meth:`Stream.send_data`
   writes; it waits for ``WINDOW_UPDATE`` when a window is spent;
+- frames written in one turn of the event loop (the answers of a batch's calls, the
+  acknowledgements of one read) leave in one ``send``;
 - PING is answered (§6.7), PRIORITY and unknown frame types ignored (§5.5), PUSH_PROMISE from
   a client is a PROTOCOL_ERROR; ``RST_STREAM`` ends the stream (its receiver is told);
   GOAWAY from the peer closes the connection once its streams are done;
@@ -273,7 +275,7 @@ class Http2Connection(asyncio.Protocol):
         # A list over max_header_list is the call's error (gateway.grpc_front); only one far
         # past it ends the connection (the decoder's table must stay whole: it cannot stop midway).
         self._decoder = HeaderDecoder(4 * limits.max_header_list)
-        self._out: list[bytes] | None = None  # frames gathered while a read is handled
+        self._out: list[bytes] | None = None  # frames to write at the loop's next turn (:meth:`write`)
         self._window_waiters: list[asyncio.Future[None]] = []
         self._paused: asyncio.Future[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -292,7 +294,8 @@ class Http2Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._buffer += data
-        self._out = []
+        if self._out is None:
+            self._out = []
         try:
             if not self._preface:
                 if len(self._buffer) < len(PREFACE):
@@ -308,12 +311,11 @@ class Http2Connection(asyncio.Protocol):
         except ConnectionError as exc:
             self._fail(exc)
         finally:
-            out, self._out = self._out, None
-            if out and self.transport is not None:
-                self.transport.write(b"".join(out))
+            self._flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
+        self._out = None
         if self._timer is not None:
             self._timer.cancel()
         for stream in list(self.streams.values()):
@@ -340,10 +342,22 @@ class Http2Connection(asyncio.Protocol):
     # -- what streams use ----------------------------------------------------------------------
 
     def write(self, data: bytes) -> None:
-        if self._out is not None:
-            self._out.append(data)
-        elif self.transport is not None:
-            self.transport.write(data)
+        """Send ``data`` with everything else written in this turn of the event loop: one
+        ``send`` for the answers of a batch's calls (each woken by the same reply) and the
+        acknowledgements of one read, where each would cost a system call and a wake-up of
+        the client's reader."""
+        if self._out is None:
+            if self.transport is None:
+                return
+            self._out = []
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._out.append(data)
+
+    def close(self) -> None:
+        """Write what is gathered, then close the transport (it sends what it buffers first)."""
+        self._flush()
+        if self.transport is not None:
+            self.transport.close()
 
     def headers_frames(self, stream_id: int, block: bytes, end_stream: bool) -> bytes:
         """HEADERS (and CONTINUATION past the peer's frame size) carrying ``block``."""
@@ -387,7 +401,7 @@ class Http2Connection(asyncio.Protocol):
         self.closing = True
         self.write(frame(GOAWAY, 0, 0, struct.pack(">II", self.last_stream_id, code)))
         if not self.streams:
-            self.transport.close()
+            self.close()
 
     # -- reading frames ------------------------------------------------------------------------
 
@@ -431,8 +445,8 @@ class Http2Connection(asyncio.Protocol):
                 self.write(frame(PING, ACK, 0, payload))
         elif kind == GOAWAY:
             self.closing = True
-            if not self.streams and self.transport is not None:
-                self.transport.close()
+            if not self.streams:
+                self.close()
         elif kind == WINDOW_UPDATE:
             self._window_update(stream_id, payload)
         elif kind == PUSH_PROMISE:
@@ -578,8 +592,7 @@ class Http2Connection(asyncio.Protocol):
     def _idle(self) -> None:
         """No stream is open: close after the idle timeout (or now, when going away)."""
         if self.closing:
-            if self.transport is not None:
-                self.transport.close()
+            self.close()
             return
         self._arm(self.limits.idle_timeout_s)
 
@@ -591,8 +604,7 @@ class Http2Connection(asyncio.Protocol):
     def _timed_out(self) -> None:
         self._timer = None
         if not self._preface:
-            if self.transport is not None:
-                self.transport.close()
+            self.close()
         elif not self.streams:
             self.go_away(NO_ERROR)
 
@@ -601,10 +613,12 @@ class Http2Connection(asyncio.Protocol):
         reason = struct.pack(">II", self.last_stream_id, error.code) + str(error).encode()
         self.write(frame(GOAWAY, 0, 0, reason))
         self.closing = True
-        if self.transport is not None:
-            out, self._out = self._out or [], None
+        self.close()
+
+    def _flush(self) -> None:
+        out, self._out = self._out, None
+        if out and self.transport is not None:
             self.transport.write(b"".join(out))
-            self.transport.close()
 
     @staticmethod
     def _wake(waiters: list[asyncio.Future[None]]) -> None:

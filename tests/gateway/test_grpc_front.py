@@ -331,6 +331,35 @@ def test_windows_are_given_back_once_half_spent_not_per_call():
     run(body())
 
 
+def test_answers_of_one_turn_go_out_in_one_write():
+    """Eight calls read together are answered in the same turn of the loop: their 24 frames
+    leave in one ``send``, not eight (each would wake the client's reader once more)."""
+
+    async def body():
+        async with _front() as (front, port):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(http2.PREFACE + http2.frame(http2.SETTINGS, 0, 0))
+            await reader.read(65536)  # this side's SETTINGS and window
+            (connection,) = front.connections
+            writes: list[bytes] = []
+            send = connection.transport.write
+            connection.transport.write = lambda data: (writes.append(data), send(data))[1]
+            calls = b"".join(http2.frame(http2.HEADERS, http2.END_HEADERS, 2 * i + 1, _request_block())
+                             + http2.frame(http2.DATA, http2.END_STREAM, 2 * i + 1, _message(b"%d" % i))
+                             for i in range(8))  # fmt: skip
+            writer.write(calls)
+            got = b""
+            while got.count(_message(b"7")) == 0 or len(writes) < 1:
+                got += await asyncio.wait_for(reader.read(65536), 5)
+            await asyncio.sleep(0.2)
+            answers = [w for w in writes if bytes([http2.DATA]) in w]
+            assert len(writes) <= 2 and len(answers) == 1, [len(w) for w in writes]  # SETTINGS ACK, answers
+            assert all(_message(b"%d" % i) in answers[0] for i in range(8))
+            writer.close()
+
+    run(body())
+
+
 def test_silent_and_idle_connections_are_closed():
     async def body():
         async with _front(handshake_timeout_s=0.3, idle_timeout_s=0.5) as (_, port):
