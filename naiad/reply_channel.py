@@ -190,9 +190,7 @@ class ReplyServer:
     """The gateway's end: a Unix socket in a directory only this user can enter.
 
     ``deliver(replies)`` gets each frame's replies (:meth:`naiad.queue_client.QueueDispatcher.deliver`)
-    and ``record(model, execution)`` its statistics, at the loop's next turn: after the
-    replies' callers (woken by ``deliver``) have answered, before anything read later (a
-    statistics request sent after an answer sees that answer's batch)."""
+    and ``record(model, execution)`` its statistics, first."""
 
     def __init__(
         self, deliver: Callable[[bytes], None], record: Callable[[str, stats.Execution], None],
@@ -418,19 +416,16 @@ class WorkerLink(asyncio.Protocol):
                 logger.warning("closed a reply connection that did not present this gateway's token")
                 self.close()
             return
+        if raw_stats:
+            try:
+                model, runs = decode_executions(raw_stats)
+            except ValueError as exc:
+                logger.warning("%s", exc)
+            else:
+                for run in runs:
+                    self.server.record(model, run)
         if replies:
             self.server.deliver(replies)
-        if raw_stats:  # off the answers' path (ReplyServer)
-            asyncio.get_running_loop().call_soon(self._record, raw_stats)
-
-    def _record(self, raw_stats: bytes) -> None:
-        try:
-            model, runs = decode_executions(raw_stats)
-        except ValueError as exc:
-            logger.warning("%s", exc)
-            return
-        for run in runs:
-            self.server.record(model, run)
 
 
 class GatewayLink(asyncio.Protocol):
