@@ -218,9 +218,10 @@ class EmbeddedRedis:
 
 def _wait(process: subprocess.Popen, timeout_s: float) -> int | None:
     """``process``'s exit status once it exits within ``timeout_s``, else None. Sleeps in
-    ``select`` on a pidfd (Linux ≥ 5.3, ``pidfd_open(2)``): one wake-up per ``timeout_s``
-    while the server runs, where ``Popen.wait(timeout)`` polls ``waitpid`` up to every 50 ms
-    (each poll takes the GIL from the gateway's event loop)."""
+    ``poll`` on a pidfd (Linux ≥ 5.3, ``pidfd_open(2)``; ``poll``, not ``select``: a busy
+    gateway's descriptors pass ``FD_SETSIZE``): one wake-up per ``timeout_s`` while the server
+    runs, where ``Popen.wait(timeout)`` polls ``waitpid`` up to every 50 ms (each poll takes
+    the GIL from the gateway's event loop)."""
     if process.poll() is not None:  # exited, or reaped by another thread (its pid may be reused)
         return process.returncode
     try:
@@ -228,14 +229,26 @@ def _wait(process: subprocess.Popen, timeout_s: float) -> int | None:
     except (AttributeError, OSError):  # no pidfd here, or already reaped
         pidfd = None
     try:
-        if pidfd is not None and not select.select([pidfd], [], [], timeout_s)[0]:
-            return None
+        if pidfd is not None:
+            waiting = select.poll()
+            waiting.register(pidfd, select.POLLIN)
+            if not waiting.poll(timeout_s * 1000):
+                return None
         return process.wait(None if pidfd is not None else timeout_s)
     except subprocess.TimeoutExpired:
         return None
+    except (OSError, ValueError):  # the supervisor must not die of it (its guard would die with it)
+        return _polled(process, timeout_s)
     finally:
         if pidfd is not None:
             os.close(pidfd)
+
+
+def _polled(process: subprocess.Popen, timeout_s: float) -> int | None:
+    try:
+        return process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        return None
 
 
 def _close_stderr(process: subprocess.Popen) -> None:

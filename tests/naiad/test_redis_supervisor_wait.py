@@ -3,6 +3,7 @@ server exited, without polling (each poll would take the GIL from the gateway's 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -44,3 +45,18 @@ def test_an_exit_is_seen_at_once_and_a_reaped_process_gives_its_status():
     assert _wait(process, 20.0) == 3
     assert time.monotonic() - started < 10  # woken by the exit, not by the timeout
     assert _wait(process, 5.0) == 3  # reaped already: its status, no wait on a reused pid
+
+
+def test_a_process_holding_descriptors_past_fd_setsize_is_waited_for():
+    """A busy gateway holds more than 1,024 descriptors: the pidfd of a restarted server is
+    numbered past ``select``'s ``FD_SETSIZE``; the wait must still work (helper-19's repro)."""
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5); raise SystemExit(4)"])
+    try:
+        assert _wait(process, 0.1) is None
+        assert _wait(process, 20.0) == 4
+    finally:
+        for fd in held:
+            os.close(fd)
+        process.kill()
+        process.wait()
