@@ -438,6 +438,13 @@ def run_script(name: str, script_args: Sequence[str], out: Path, command: list[s
     return path
 
 
+def _at_least_one(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"at least 1, not {number}")
+    return number
+
+
 def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str]]:
     argv = list(sys.argv[1:] if argv is None else argv)
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
@@ -456,7 +463,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
     p.add_argument("--only", nargs="+", help="peers: only these servers (floor triton naiad mlserver kserve)")
     p.add_argument("--encoding", nargs="+", choices=[e[0] for e in ENCODINGS], help="peers: only these")
     p.add_argument("--loop", choices=["auto", "uvloop", "asyncio"], default="auto")
-    p.add_argument("--rounds", type=lambda v: max(1, int(v)), default=1,
+    p.add_argument("--rounds", type=_at_least_one, default=1,
                    help="peers: run every server this many times, in a rotated order, and report each "
                    "point's median round")
     return p.parse_args(argv), extra

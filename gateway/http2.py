@@ -20,7 +20,7 @@ What a connection does (section numbers of RFC 9113):
 - DATA (§6.1) to the stream's receiver; the connection window is given back as DATA
   arrives, the stream's window when the receiver has taken the bytes (:meth:`Stream.consumed`),
   so an unread stream stops its sender (§5.2); either only once half of it is spent
-  (:data:`UPDATE_AT`, as nghttp2 and grpc core do): a unary call's request, far below that,
+  (:data:`UPDATE_AT`, as nghttp2 and h2o do): a unary call's request, far below that,
   costs no WINDOW_UPDATE, so the client is not woken once more per call;
 - the peer's windows (§6.9) and largest frame size bound what :meth:`Stream.send_data`
   writes; it waits for ``WINDOW_UPDATE`` when a window is spent;

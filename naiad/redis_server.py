@@ -221,27 +221,23 @@ def _wait(process: subprocess.Popen, timeout_s: float) -> int | None:
     ``poll`` on a pidfd (Linux ≥ 5.3, ``pidfd_open(2)``; ``poll``, not ``select``: a busy
     gateway's descriptors pass ``FD_SETSIZE``): one wake-up per ``timeout_s`` while the server
     runs, where ``Popen.wait(timeout)`` polls ``waitpid`` up to every 50 ms (each poll takes
-    the GIL from the gateway's event loop)."""
+    the GIL from the gateway's event loop). Without a pidfd, or when polling it fails, it is
+    ``Popen.wait(timeout)``: the supervisor must not die of it (its guard would die with it)."""
     if process.poll() is not None:  # exited, or reaped by another thread (its pid may be reused)
         return process.returncode
     try:
         pidfd = os.pidfd_open(process.pid)
-    except (AttributeError, OSError):  # no pidfd here, or already reaped
-        pidfd = None
+    except (AttributeError, OSError):  # no pidfd here, or reaped meanwhile
+        return _polled(process, timeout_s)
     try:
-        if pidfd is not None:
-            waiting = select.poll()
-            waiting.register(pidfd, select.POLLIN)
-            if not waiting.poll(timeout_s * 1000):
-                return None
-        return process.wait(None if pidfd is not None else timeout_s)
-    except subprocess.TimeoutExpired:
-        return None
-    except (OSError, ValueError):  # the supervisor must not die of it (its guard would die with it)
+        waiting = select.poll()
+        waiting.register(pidfd, select.POLLIN)
+        exited = bool(waiting.poll(timeout_s * 1000))
+    except (OSError, ValueError):
         return _polled(process, timeout_s)
     finally:
-        if pidfd is not None:
-            os.close(pidfd)
+        os.close(pidfd)
+    return process.wait() if exited else None
 
 
 def _polled(process: subprocess.Popen, timeout_s: float) -> int | None:

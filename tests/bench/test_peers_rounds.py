@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from bench.scenarios import median_series, round_order, rounds_note
+import pytest
+
+from bench.scenarios import median_series, parse_args, round_order, rounds_note
 
 
 def series(label: str, rnd: int, rps: dict[int, float]) -> dict:
@@ -35,3 +37,9 @@ def test_an_even_count_takes_the_lower_median():
 def test_rounds_rotate_the_servers_past_their_count():
     orders = [round_order(["a", "b"], rnd)[0] for rnd in range(4)]
     assert orders == ["a", "b", "a", "b"]
+
+
+def test_fewer_than_one_round_is_refused():
+    with pytest.raises(SystemExit):
+        parse_args(["peers", "--rounds", "0"])
+    assert parse_args(["peers", "--rounds", "2"])[0].rounds == 2
