@@ -123,7 +123,9 @@ def test_metadata_deadline_and_reserved_headers():
         assert items["x-route"] == "blue" and items["trace-bin"] == b"\x00\xffbin"
         assert not {"content-type", "te", "grpc-timeout"} & set(items)
         assert not any(key.startswith(":") for key in items)
-        assert 5.0 < seen["remaining"] <= 7.0
+        # grpc core's client may round the grpc-timeout it sends up ("encoding may round up
+        # arbitrarily": src/core/lib/transport/timeout_encoding.h); a CI run saw 7.0099 s
+        assert 5.0 < seen["remaining"] <= 7.0 * 1.05
 
     run(body())
 
