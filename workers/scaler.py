@@ -216,30 +216,25 @@ class LocalScaler:
 
     def _decide(self, name: str, demand: int, live: int) -> scaling.Decision:
         """The policy's decision; workers this scaler already told to stop still heartbeat
-        while they drain, and count as neither live nor starting. Nor does a process that
-        reported ready (:func:`naiad.procs.became_ready`) and no longer heartbeats: it is
-        leaving (its model's close may take long), and its successor must not wait for it."""
+        while they drain, and count as neither live nor starting."""
         live = max(0, live - sum(1 for model, _ in self.draining if model == name))
         if live:
             self._live_seen[name] = time.monotonic()
         else:
             self._kill_stuck(name)
         local = self._alive(name)
-        unready = sum(1 for process in self.processes.get(name, []) if not procs.became_ready(process))
-        load = scaling.ModelLoad(demand, live, starting=max(0, min(unready, local - live)))
+        load = scaling.ModelLoad(demand, live, starting=max(0, local - live))
         since = time.monotonic() - self._changed_at.get(name, -math.inf)
         return scaling.decide(self.policy(name), load, since, self.settings.scale_down_period_s)
 
     def _kill_stuck(self, name: str) -> None:
         """SIGKILL this model's workers that never heartbeat within :data:`START_TIMEOUT_S`
         (hung before they could serve): left alone they would count as starting forever and
-        block every new start. Their claimed requests, if any, are reclaimed. One that
-        reported ready is leaving, not hung (its model's close, e.g. a Python model's
-        ``finalize()``, may take long): it counts as nothing and is left to end."""
+        block every new start. Their claimed requests, if any, are reclaimed."""
         now = time.monotonic()
         for process in list(self.processes.get(name, [])):
             since = max(self._started_at.get(process.pid, now), self._live_seen.get(name, -math.inf))
-            if process.poll() is None and now - since > START_TIMEOUT_S and not procs.became_ready(process):
+            if process.poll() is None and now - since > START_TIMEOUT_S:
                 logger.warning("worker pid %d of '%s' never became live: killing it", process.pid, name)
                 with contextlib.suppress(OSError, subprocess.TimeoutExpired):
                     process.kill()

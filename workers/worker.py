@@ -127,15 +127,11 @@ class Worker:
         try:
             return await self._load_and_serve()
         finally:
-            # Done serving: no longer live (no heartbeat from here on) before the gateways
-            # take back what they handed here and before the model's close, which may take
-            # long (a Python model's finalize()): a request that comes meanwhile wakes the
-            # scaler, which starts a successor at once instead of waiting for this exit.
-            await tasks.cancel_and_wait(beat)
-            await self.lifecycle.deregister()
             self.direct.close()  # the gateways queue what they handed here unanswered
             await self.loader.thread.run(self.loader.close)  # backends' close(): Python models' finalize()
             await calls.close()
+            await tasks.cancel_and_wait(beat)
+            await self.lifecycle.deregister()
             await self.redis.aclose()
 
     async def _load_and_serve(self) -> int:
