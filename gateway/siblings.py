@@ -173,8 +173,4 @@ async def watch_siblings(processes: list[subprocess.Popen], period_s: float = 1.
 def stop_siblings(processes: list[subprocess.Popen], grace_s: float) -> None:
     """SIGTERM each sibling (they drain as a gateway does: ``grace_s`` for their in-flight
     requests) and wait for all; SIGKILL one still there :data:`STOP_MARGIN_S` after that."""
-    for process in processes:
-        if process.poll() is None:
-            process.terminate()
-    for process in processes:
-        procs.stop(process, timeout_s=grace_s + STOP_MARGIN_S)
+    procs.stop_all(processes, timeout_s=grace_s + STOP_MARGIN_S)

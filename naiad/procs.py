@@ -27,11 +27,13 @@ On other systems the children are stopped by the normal shutdown path only.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
 
 _PR_SET_PDEATHSIG = 1
@@ -217,13 +219,24 @@ def forget_secrets() -> None:
 
 def stop(process: subprocess.Popen, timeout_s: float = 10.0) -> None:
     """SIGTERM, wait up to ``timeout_s`` seconds, then SIGKILL."""
-    if process.poll() is not None:
+    stop_all([process], timeout_s)
+
+
+def stop_all(processes: Sequence[subprocess.Popen], timeout_s: float = 10.0) -> None:
+    """SIGTERM every one of ``processes`` at once, wait for them all until one deadline
+    ``timeout_s`` seconds away, then SIGKILL those still running and reap them: N processes
+    that ignore SIGTERM (a hung ``finalize()``) cost ``timeout_s`` together, not N times it.
+    Each one's readiness pipe (:func:`spawn_python`) is closed."""
+    for process in processes:
+        if process.poll() is None:
+            with contextlib.suppress(OSError):  # exited meanwhile
+                process.terminate()
+    deadline = time.monotonic() + timeout_s
+    for process in processes:
+        try:
+            process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(OSError):
+                process.kill()
+            process.wait()
         became_ready(process)  # closes its readiness pipe
-        return
-    process.terminate()
-    try:
-        process.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-    became_ready(process)

@@ -342,13 +342,9 @@ class LocalScaler:
         logger.info("stopping worker pid %d of model '%s' (scale down)", process.pid, model)
 
     def stop_all(self) -> None:
-        """SIGTERM every worker at once (each drains), then wait for all of them."""
+        """SIGTERM every worker at once (each drains), then wait for all of them, together at
+        most :func:`naiad.procs.stop_all`'s bound (SIGKILL after it)."""
         everyone = [p for model in list(self.processes) for p in self.processes.pop(model)]
         everyone += [process for _, process in self.draining]
         self.draining = []
-        for process in everyone:
-            with contextlib.suppress(OSError):
-                process.terminate()
-        for process in everyone:
-            with contextlib.suppress(OSError):
-                procs.stop(process)
+        procs.stop_all(everyone)

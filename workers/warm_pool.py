@@ -194,10 +194,7 @@ def _stop(processes: list[subprocess.Popen]) -> None:
         with contextlib.suppress(OSError, ValueError):
             if process.stdin is not None:
                 process.stdin.close()
-            process.terminate()
-    for process in processes:
-        with contextlib.suppress(OSError):
-            procs.stop(process, timeout_s=5.0)
+    procs.stop_all(processes, timeout_s=5.0)
 
 
 # --- the pool process (`naiad worker --pool`) ---------------------------------------------------
