@@ -29,12 +29,15 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
+
+logger = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
 PARENT_PID_ENV = "NAIAD_PARENT_PID"
@@ -234,9 +237,17 @@ def stop_all(processes: Sequence[subprocess.Popen], timeout_s: float = 10.0) -> 
     deadline = time.monotonic() + timeout_s
     for process in processes:
         try:
-            process.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(OSError):
-                process.kill()
-            process.wait()
-        became_ready(process)  # closes its readiness pipe
+            _reap(process, deadline)
+        except OSError as exc:  # one that cannot be reaped or closed does not keep the others
+            logger.warning("stopping pid %d: %s", process.pid, exc)
+
+
+def _reap(process: subprocess.Popen, deadline: float) -> None:
+    try:
+        process.wait(max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        logger.warning("pid %d still running after SIGTERM: SIGKILL", process.pid)
+        with contextlib.suppress(OSError):
+            process.kill()
+        process.wait()
+    became_ready(process)  # closes its readiness pipe

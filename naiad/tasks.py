@@ -15,6 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 #: Seconds between cancellations of a task that has not ended yet.
 RECANCEL_S = 0.05
@@ -32,3 +36,20 @@ async def cancel_and_wait(task: asyncio.Task | None) -> None:
         await asyncio.wait([task], timeout=RECANCEL_S)
     with contextlib.suppress(asyncio.CancelledError):
         task.result()
+
+
+async def finish(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run ``coroutine`` to its end even while the caller is being cancelled, once or again
+    and again (a task's cleanup under :func:`cancel_and_wait`, which cancels every
+    :data:`RECANCEL_S`): it runs as a task of its own, shielded; a cancellation of the
+    caller is raised once it has ended. Returns its result, or raises what it raised."""
+    task = asyncio.ensure_future(coroutine)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            cancelled = cancelled or not task.done() or not task.cancelled()
+    if cancelled:
+        raise asyncio.CancelledError
+    return task.result()

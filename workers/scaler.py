@@ -31,7 +31,7 @@ from dataclasses import replace
 
 from redis.exceptions import RedisError
 
-from naiad import keys, procs, queue_policy, telemetry
+from naiad import keys, procs, queue_policy, tasks, telemetry
 from naiad.host import GpuDevice, GpuReader
 from naiad.redis_client import connect
 from naiad.registry import RegistryReader, RegistryView
@@ -119,10 +119,15 @@ class LocalScaler:
             while task is None or not task.cancelling():
                 woken = await self._wait_for_wake()
                 await self._reconcile(woken)
-        finally:
-            await self.pool.close()
-            await asyncio.to_thread(self.stop_all)
-            await self.redis.aclose()
+        finally:  # to its end, though cancel_and_wait cancels again every 50 ms meanwhile
+            await tasks.finish(self._close())
+
+    async def _close(self) -> None:
+        """End the warm pool's idle processes, then stop every worker (they drain), then
+        close the Redis client."""
+        await self.pool.close()
+        await asyncio.to_thread(self.stop_all)
+        await self.redis.aclose()
 
     async def _wait_for_wake(self) -> set[str]:
         try:

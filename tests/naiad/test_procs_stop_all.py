@@ -4,6 +4,7 @@ processes."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -54,3 +55,12 @@ def test_children_gone_already_are_only_reaped():
     child.wait()
     procs.stop_all([child], timeout_s=30)
     assert child.returncode == -9
+
+
+def test_one_child_that_cannot_be_closed_does_not_keep_the_others(caplog):
+    broken, deaf = spawn(POLITE), spawn(DEAF)
+    os.close(broken.naiad_ready[0])  # its readiness pipe: reading it now fails (EBADF)
+    procs.stop_all([broken, deaf], timeout_s=0.5)
+    assert broken.returncode == -15 and deaf.returncode == -9  # the second one still killed
+    assert f"stopping pid {broken.pid}" in caplog.text
+    assert f"pid {deaf.pid} still running after SIGTERM: SIGKILL" in caplog.text
