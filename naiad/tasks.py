@@ -41,15 +41,15 @@ async def cancel_and_wait(task: asyncio.Task | None) -> None:
 async def finish(coroutine: Coroutine[Any, Any, T]) -> T:
     """Run ``coroutine`` to its end even while the caller is being cancelled, once or again
     and again (a task's cleanup under :func:`cancel_and_wait`, which cancels every
-    :data:`RECANCEL_S`): it runs as a task of its own, shielded; a cancellation of the
+    :data:`RECANCEL_S`): it runs as a task of its own, waited for; a cancellation of the
     caller is raised once it has ended. Returns its result, or raises what it raised."""
-    task = asyncio.ensure_future(coroutine)
+    task = asyncio.create_task(coroutine)
     cancelled = False
     while not task.done():
         try:
-            await asyncio.shield(task)
+            await asyncio.wait([task])  # a cancelled wait leaves the task running
         except asyncio.CancelledError:
-            cancelled = cancelled or not task.done() or not task.cancelled()
+            cancelled = True
     if cancelled:
         raise asyncio.CancelledError
     return task.result()
