@@ -50,6 +50,8 @@ from bench.perf.servers import (
     start_naiad,
     start_triton,
 )
+from gateway.siblings import process_count
+from naiad.settings import Settings
 
 DEFAULT_LEVELS = {"overhead": [1], "throughput": [1, 2, 4, 8, 16, 32, 64], "peers": [1, 8, 32]}
 
@@ -366,9 +368,10 @@ def bounds(run: Run, cores: int) -> list[dict]:
     """Reference lines, not targets: the most Naiad's c32 points could reach on this
     machine at their measured costs, over Triton's throughput in the same run (which moves
     by ±30 % from run to run, so these do too). *Gateway loops*: each gateway process is
-    one event loop, at most one core, so ``N`` of them (``--gateway-processes``, 1 by
-    default) carry at most N × 10⁶ / (their CPU µs a request) requests a second (process
-    CPU: over HTTP the loop thread carries nearly all of it,
+    one event loop, at most one core, so ``N`` of them (``--gateway-processes``; by
+    default one a CPU, at most two) carry at most N × 10⁶ / (their CPU µs a request)
+    requests a second (one gRPC connection reaches one of them only; process CPU: over
+    HTTP the loop thread carries nearly all of it,
     ``bench/results/profile-digits_python-c32-json.md``: 106 µs a request, the process
     0.59 cores at 5,549 req/s; over gRPC grpc's own threads carry part, so there the loops'
     own bound is somewhat higher); *all cores*: ``cores`` over the request's CPU in every
@@ -387,14 +390,17 @@ def bounds(run: Run, cores: int) -> list[dict]:
 
 
 def gateway_processes(series: dict | None) -> int:
-    """The ``--gateway-processes`` a Naiad series' server ran with (its recorded arguments)."""
+    """The gateway processes a Naiad series' server ran with: its recorded
+    ``--gateway-processes``, or for none (or 0) the default's count on this machine
+    (:func:`gateway.siblings.process_count`)."""
     args = [str(a) for a in ((series or {}).get("server") or {}).get("args", [])]
+    asked = 0
     for i, arg in enumerate(args):
         if arg.startswith("--gateway-processes="):
-            return int(arg.partition("=")[2])
-        if arg == "--gateway-processes" and i + 1 < len(args):
-            return int(args[i + 1])
-    return 1
+            asked = int(arg.partition("=")[2])
+        elif arg == "--gateway-processes" and i + 1 < len(args):
+            asked = int(args[i + 1])
+    return process_count(Settings(gateway_processes=asked))
 
 
 def cost_bounds(

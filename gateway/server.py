@@ -37,6 +37,7 @@ from gateway.shared_memory import SystemSharedMemory
 from gateway.siblings import (
     Siblings,
     control_folder,
+    process_count,
     start_siblings,
     stop_siblings,
     wait_started,
@@ -114,7 +115,7 @@ async def _endpoints(settings: Settings, dataplane: DataPlane, limits: HttpLimit
     grpc_access = AccessPolicy(settings.grpc_restricted_protocol, "--grpc-restricted-protocol")
     app = create_app(dataplane, settings.http_max_body_bytes, http_access, limits)
     front = fast_front(dataplane, limits, http_access) if settings.http_fast_infer else None
-    shared = settings.gateway_processes > 1 or bool(settings.gateway_sibling_of)
+    shared = process_count(settings) > 1 or bool(settings.gateway_sibling_of)
     http = _site(
         app, settings.http_host, settings.http_port, limits, reuse_port=shared, shutdown_timeout=grace,
         front=front, **RUNNER_OPTIONS,
@@ -218,7 +219,7 @@ async def run_gateway(settings: Settings, redis_url: str, stop: asyncio.Event) -
 async def _siblings(settings: Settings, dataplane: DataPlane) -> AsyncIterator[None]:
     """This process's control socket among the server's gateway processes, when there are
     several (:mod:`gateway.siblings`); the first process makes their folder."""
-    if settings.gateway_processes <= 1 and not settings.gateway_sibling_of:
+    if process_count(settings) <= 1 and not settings.gateway_sibling_of:
         yield
         return
     folder = pathlib.Path(settings.gateway_sibling_of) if settings.gateway_sibling_of else control_folder()

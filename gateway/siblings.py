@@ -47,7 +47,7 @@ from typing import Any
 
 import msgpack
 
-from naiad import procs
+from naiad import host, procs
 from naiad.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -131,13 +131,27 @@ def control_folder() -> pathlib.Path:
     return pathlib.Path(tempfile.mkdtemp(prefix="naiad-gateways-"))
 
 
+#: Most gateway processes ``--gateway-processes 0`` (the default) starts: two measured 1.10–1.19×
+#: one's throughput at 32 clients over HTTP on a 2-core machine, where one process ran its core
+#: full and the machine had a fifth idle (docs/benchmarks.md, "Stop 33"); more were not measured.
+AUTO_MOST = 2
+
+
+def process_count(settings: Settings) -> int:
+    """The gateway processes of this server: ``settings.gateway_processes``, or for 0 one per
+    CPU this process may use (:func:`naiad.host.usable_cpus`: affinity and cgroup CPU limit),
+    at most :data:`AUTO_MOST`."""
+    return settings.gateway_processes or min(host.usable_cpus(), AUTO_MOST)
+
+
 def start_siblings(settings: Settings, redis_url: str, folder: pathlib.Path) -> list[subprocess.Popen]:
-    """Start ``settings.gateway_processes - 1`` sibling gateways on the same ports (module
-    doc), each told ``folder``; they die with this process."""
-    sibling = settings.model_copy(update={"redis_url": redis_url, "gateway_sibling_of": str(folder)})
-    text = sibling.model_dump_json()
+    """Start :func:`process_count` − 1 sibling gateways on the same ports (module doc), each
+    told ``folder``; they die with this process."""
+    count = process_count(settings)
+    update = {"redis_url": redis_url, "gateway_sibling_of": str(folder), "gateway_processes": count}
+    text = settings.model_copy(update=update).model_dump_json()
     command = [sys.executable, "-m", "naiad_cli", "gateway"]
-    return [procs.spawn_python(command, settings_json=text) for _ in range(settings.gateway_processes - 1)]
+    return [procs.spawn_python(command, settings_json=text) for _ in range(count - 1)]
 
 
 async def wait_started(processes: list[subprocess.Popen], timeout_s: float = START_TIMEOUT_S) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -131,3 +132,36 @@ def read_cpu() -> CpuReading:
     memory = psutil.virtual_memory()
     utilization = psutil.cpu_percent(interval=None) / 100.0
     return CpuReading(utilization, memory.total, memory.total - memory.available)
+
+
+def usable_cpus(cgroup_root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/self/cgroup") -> int:
+    """CPUs this process may use, at least 1: those it may run on (``sched_getaffinity``, which a
+    pinning narrows), fewer where its cgroup (v2) grants less CPU time, whole CPUs rounded down
+    (``cpu.max``: ``<quota> <period>`` µs, ``max`` for none: a Kubernetes CPU limit;
+    https://docs.kernel.org/admin-guide/cgroup-v2.html#cpu-interface-files). A cgroup that
+    cannot be read counts as no limit."""
+    count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    quota = _cgroup_quota(cgroup_root, proc_cgroup)
+    return max(1, min(count, int(quota)) if quota is not None else count)
+
+
+def _cgroup_quota(root: str, proc_cgroup: str) -> float | None:
+    """The CPU time the cgroup (v2) of this process may use, in CPUs; None for no limit."""
+    try:
+        with open(proc_cgroup) as f:  # the v2 line is "0::/path"
+            path = next((line.strip()[3:] for line in f if line.startswith("0::")), "")
+    except OSError:
+        path = ""
+    for folder in (os.path.join(root, path.lstrip("/")), root):
+        try:
+            with open(os.path.join(folder, "cpu.max")) as f:
+                quota, period = (f.read().split() + ["100000"])[:2]
+        except OSError:
+            continue
+        if quota == "max":
+            return None
+        try:
+            return int(quota) / int(period)
+        except (ValueError, ZeroDivisionError):
+            return None
+    return None

@@ -75,10 +75,12 @@ class Settings(BaseSettings):
     or a level's ``priority_queue_policy``, where 0 means this default: a Naiad queue is
     never unbounded)."""
 
-    gateway_processes: int = Field(default=1, ge=1)
+    gateway_processes: int = Field(default=0, ge=0)
     """Gateway processes of one ``naiad serve`` / ``naiad gateway`` on the same HTTP and gRPC
     ports (``--gateway-processes``; ``SO_REUSEPORT``, the kernel spreads new connections over
-    them): the protocol work of one gateway is one core's at most. The first process also
+    them): the protocol work of one gateway is one core's at most. 0 (the default): one per
+    CPU this process may use, at most :data:`gateway.siblings.AUTO_MOST`
+    (:func:`gateway.siblings.process_count`). The first process also
     serves the metrics port, indexes and polls the repository; the others start with it and
     stop with it (:mod:`gateway.siblings`: statistics, model control and shared-memory
     regions read the same from each). The per-gateway limits (``--max-inflight``,

@@ -91,7 +91,7 @@ GATEWAY_FLAGS = {
     "--max-queue-size": ("max_queue_size", int, "most requests queued per model; more: 503"),
     "--max-inflight": ("max_inflight", int, "most requests one gateway carries; more: 503"),
     "--gateway-processes": ("gateway_processes", int, "gateway processes sharing the HTTP and gRPC ports "
-                            "(SO_REUSEPORT): one per core spreads the protocol work"),
+                            "(SO_REUSEPORT); 0: one per usable CPU, at most 2"),
     "--max-buffered-bytes": ("max_buffered_bytes", int, "most request bytes buffered at once, HTTP and "
                              "gRPC together; more: 503"),
     "--grpc-max-message-size": ("grpc_max_message_bytes", int, "largest gRPC message in bytes "

@@ -228,6 +228,11 @@ def start_server(
         args += ["--redis-url", redis_url]
     if request_timeout_s is not None:
         args += ["--request-timeout", str(request_timeout_s)]
+    if not any(arg.startswith("--gateway-processes") for arg in extra_args):
+        # one gateway process unless a test asks for more: the default (one a CPU, at most
+        # gateway.siblings.AUTO_MOST) would start a second on each server of the suite (~1.3 s
+        # each); tests/e2e/test_gateway_processes.py runs the default and explicit counts
+        args += ["--gateway-processes", "1"]
     args += list(extra_args)  # e.g. --model-control-mode explicit --load-model digits
     env = {**os.environ, **(extra_env or {}), "PYTHONUNBUFFERED": "1"}
     with log_path.open("wb") as log:

@@ -2,12 +2,14 @@
 what Naiad's c32 points could reach at their measured costs, the gateway loops or every core
 busy, over Triton's throughput; never a target met or missed."""
 
+import os
 from types import SimpleNamespace
 
 import pytest
 
 from bench import scenarios
 from bench.perf import loadgen
+from gateway.siblings import AUTO_MOST
 
 
 def _point(rps: float, client_cpu: float, **cpu_us: float) -> dict:
@@ -37,7 +39,8 @@ def test_gateway_loops_and_all_cores_from_the_measured_costs():
 def test_bounds_are_reference_lines_over_tritons_throughput():
     naiad = _point(4000, 0.0, server=100.0, worker=100.0)
     series = {"naiad onnx json": naiad, "naiad python json": naiad, "triton python json": _point(12500, 0.1)}
-    run = _run(series, args={"naiad python json": ["serve", "--gateway-processes", "2"]})
+    run = _run(series, args={"naiad onnx json": ["serve", "--gateway-processes", "1"],
+                             "naiad python json": ["serve", "--gateway-processes", "2"]})
     lines = {t["name"]: t for t in scenarios.bounds(run, cores=2)}
     loop = lines["reference: c32 naiad onnx json, gateway loops' bound / triton"]
     assert loop["value"] == pytest.approx(10_000 / 12_500)
@@ -52,8 +55,10 @@ def test_bounds_are_reference_lines_over_tritons_throughput():
 def test_gateway_processes_read_from_the_servers_arguments():
     assert scenarios.gateway_processes({"server": {"args": ["serve", "--gateway-processes=3"]}}) == 3
     assert scenarios.gateway_processes({"server": {"args": ["serve", "--gateway-processes", "2", "-v"]}}) == 2
-    assert scenarios.gateway_processes({"server": {"args": ["serve", "--http-port", "8000"]}}) == 1
-    assert scenarios.gateway_processes(None) == 1
+    auto = min(len(os.sched_getaffinity(0)), AUTO_MOST)  # the default: one a CPU, at most AUTO_MOST
+    assert scenarios.gateway_processes({"server": {"args": ["serve", "--http-port", "8000"]}}) == auto
+    assert scenarios.gateway_processes({"server": {"args": ["serve", "--gateway-processes=0"]}}) == auto
+    assert scenarios.gateway_processes(None) == auto
 
 
 def test_a_point_without_costs_has_no_bound():

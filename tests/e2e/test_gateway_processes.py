@@ -7,6 +7,7 @@ with the first."""
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -19,6 +20,8 @@ import requests
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from naiad_harness import run_server, wait_for
+
+from gateway import siblings
 
 ARGS = ["--gateway-processes", "2", "--model-control-mode", "explicit", "--load-model", "digits"]
 #: Calls made on new connections: all on one process would happen with probability 2^-(N-1).
@@ -218,3 +221,20 @@ def test_a_killed_sibling_leaves_the_first_serving(example_repository, tmp_path,
             np.testing.assert_array_equal(infer(server, x), want)
         assert stats(server)["inference_count"] - before["inference_count"] == 4
         assert "is gone (asked 'flush')" in server.log()
+
+
+def test_the_default_runs_one_gateway_process_a_cpu(example_repository, tmp_path):
+    """Without ``--gateway-processes`` (the harness passes ``0``, the default, to skip its own
+    1), ``naiad serve`` runs one gateway process per usable CPU, at most
+    :data:`gateway.siblings.AUTO_MOST`; pinned to one CPU, one (children inherit the affinity)."""
+    expected = min(len(os.sched_getaffinity(0)), siblings.AUTO_MOST)
+    with run_server(example_repository, tmp_path / "auto", extra_args=["--gateway-processes=0"]) as server:
+        assert len(gateways(server)) == expected
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(before)})
+    try:
+        with run_server(example_repository, tmp_path / "one", extra_args=["--gateway-processes=0"]) as server:
+            assert len(gateways(server)) == 1
+            assert requests.get(f"{server.http}/v2/health/ready", timeout=10).status_code == 200
+    finally:
+        os.sched_setaffinity(0, before)

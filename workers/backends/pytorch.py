@@ -22,14 +22,13 @@ result, one-dimensional, as in Triton; the unsigned 16/32/64-bit types are refus
 Runs under ``torch.inference_mode()`` on CUDA when the worker was given a GPU and torch has
 one, else on the CPU. Threads: the config parameters ``INTRA_OP_THREAD_COUNT`` and
 ``INTER_OP_THREAD_COUNT`` (Triton's), else as many intra-op threads as CPUs this process may
-use (``sched_getaffinity``, which a CPU pinning narrows) and one inter-op thread: a worker runs
+use (:func:`naiad.host.usable_cpus`: affinity and cgroup CPU limit) and one inter-op thread: a worker runs
 one batch at a time and scales by processes.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,6 +38,7 @@ import numpy as np
 import torch
 from tritonclient.grpc import model_config_pb2 as mc
 
+from naiad import host
 from naiad.errors import InferenceFailed, InvalidInput
 from repository_store import default_model_filename
 
@@ -124,7 +124,7 @@ def configure_threads(config: mc.ModelConfig) -> None:
             logger.warning("ignoring %s=%r: not an integer", key, value)
             return default
 
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    usable = host.usable_cpus()
     torch.set_num_threads(parameter("INTRA_OP_THREAD_COUNT", usable))
     try:
         torch.set_num_interop_threads(parameter("INTER_OP_THREAD_COUNT", 1))
