@@ -36,7 +36,9 @@ from gateway.response_cache import WAIT_BLOCK_S, CacheConfig, ResponseCache
 from gateway.shared_memory import SystemSharedMemory
 from gateway.siblings import (
     Siblings,
+    check_ports_free,
     control_folder,
+    per_process,
     process_count,
     start_siblings,
     stop_siblings,
@@ -167,6 +169,10 @@ async def run_gateway(settings: Settings, redis_url: str, stop: asyncio.Event) -
     """Serve until ``stop`` is set. Indexes the repository into Redis at start (a sibling
     process, :mod:`gateway.siblings`, reads what the first one indexed)."""
     sibling = bool(settings.gateway_sibling_of)
+    if not sibling:  # its siblings get the same share of the limits
+        settings = per_process(settings)
+        if settings.gateway_processes > 1:
+            check_ports_free(settings.http_host, [settings.http_port, settings.grpc_port])
     async with contextlib.AsyncExitStack() as stack:
         redis = connect(redis_url)
         stack.push_async_callback(redis.aclose)

@@ -38,6 +38,7 @@ import contextlib
 import logging
 import os
 import pathlib
+import socket
 import subprocess
 import sys
 import tempfile
@@ -140,13 +141,53 @@ AUTO_MOST = 2
 def process_count(settings: Settings) -> int:
     """The gateway processes of this server: ``settings.gateway_processes``, or for 0 one per
     CPU this process may use (:func:`naiad.host.usable_cpus`: affinity and cgroup CPU limit),
-    at most :data:`AUTO_MOST`."""
-    return settings.gateway_processes or min(host.usable_cpus(), AUTO_MOST)
+    at most :data:`AUTO_MOST`, and one when the HTTP or gRPC port is 0 (each process would
+    get a port of its own from the kernel, not the first one's)."""
+    if settings.gateway_processes:
+        return settings.gateway_processes
+    if not (settings.http_port and settings.grpc_port):
+        return 1
+    return min(host.usable_cpus(), AUTO_MOST)
+
+
+def per_process(settings: Settings) -> Settings:
+    """The first process's settings, each process's share of the server's limits: with
+    :func:`process_count` N > 1, ``--max-inflight``, ``--http-max-connections`` and
+    ``--max-buffered-bytes`` are split evenly (⌊limit / N⌋; at least 1, and a byte budget at
+    least the largest request), so the server never holds more than them in all, whichever
+    process the kernel gives each connection (an uneven spread can refuse before the total
+    is reached). ``gateway_processes`` becomes N. The siblings get these settings as they are."""
+    count = process_count(settings)
+    if count == 1:
+        return settings
+    largest = max(settings.http_max_body_bytes, settings.grpc_max_message_bytes)
+    return settings.model_copy(update={
+        "gateway_processes": count,
+        "max_inflight": max(1, settings.max_inflight // count),
+        "http_max_connections": max(1, settings.http_max_connections // count),
+        "max_buffered_bytes": max(largest, settings.max_buffered_bytes // count),
+    })  # fmt: skip
+
+
+def check_ports_free(host_name: str, ports: list[int]) -> None:
+    """Raise ``OSError`` (EADDRINUSE) when another socket listens on one of ``ports`` at
+    ``host_name``: the first process's test before it binds them with ``SO_REUSEPORT``, which
+    would otherwise let it share the port with an unrelated server of the same user
+    (``socket(7)``); a bind without that option fails where anything listens. Each address
+    ``host_name`` resolves to is tried, as the server binds each."""
+    for port in ports:
+        infos = socket.getaddrinfo(host_name or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        for family, kind, proto, _, address in infos:
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is no listener
+                if family == socket.AF_INET6:
+                    probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                probe.bind(address)
 
 
 def start_siblings(settings: Settings, redis_url: str, folder: pathlib.Path) -> list[subprocess.Popen]:
     """Start :func:`process_count` − 1 sibling gateways on the same ports (module doc), each
-    told ``folder``; they die with this process."""
+    told ``folder`` and given ``settings`` (:func:`per_process`'s); they die with this process."""
     count = process_count(settings)
     update = {"redis_url": redis_url, "gateway_sibling_of": str(folder), "gateway_processes": count}
     text = settings.model_copy(update=update).model_dump_json()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -136,32 +137,68 @@ def read_cpu() -> CpuReading:
 
 def usable_cpus(cgroup_root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/self/cgroup") -> int:
     """CPUs this process may use, at least 1: those it may run on (``sched_getaffinity``, which a
-    pinning narrows), fewer where its cgroup (v2) grants less CPU time, whole CPUs rounded down
-    (``cpu.max``: ``<quota> <period>`` µs, ``max`` for none: a Kubernetes CPU limit;
-    https://docs.kernel.org/admin-guide/cgroup-v2.html#cpu-interface-files). A cgroup that
-    cannot be read counts as no limit."""
+    pinning narrows), fewer where its cgroup or one above it grants less CPU time, in whole
+    CPUs rounded down (a Kubernetes CPU limit, ``docker run --cpus``): cgroup v2 ``cpu.max``
+    (``<quota> <period>`` µs, ``max`` for none;
+    https://docs.kernel.org/admin-guide/cgroup-v2.html#cpu-interface-files) or v1
+    ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` (-1 for none). What cannot be read counts as no
+    limit."""
     count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    quota = _cgroup_quota(cgroup_root, proc_cgroup)
-    return max(1, min(count, int(quota)) if quota is not None else count)
+    quotas = [q for folder, top, read in _cgroup_folders(cgroup_root, proc_cgroup)
+              for q in _up_to(folder, top, read)]  # fmt: skip
+    return max(1, min(count, int(min(quotas))) if quotas else count)
 
 
-def _cgroup_quota(root: str, proc_cgroup: str) -> float | None:
-    """The CPU time the cgroup (v2) of this process may use, in CPUs; None for no limit."""
+def _cgroup_folders(root: str, proc_cgroup: str) -> list[tuple[str, str, Callable[[str], float | None]]]:
+    """``(this process's cgroup folder, its hierarchy's mount, reader)`` for the v2 hierarchy
+    and a v1 ``cpu`` one, from ``/proc/self/cgroup`` (``id:controllers:path`` lines)."""
     try:
-        with open(proc_cgroup) as f:  # the v2 line is "0::/path"
-            path = next((line.strip()[3:] for line in f if line.startswith("0::")), "")
+        with open(proc_cgroup) as f:
+            lines = [line.rstrip("\n").split(":", 2) for line in f]
     except OSError:
-        path = ""
-    for folder in (os.path.join(root, path.lstrip("/")), root):
-        try:
-            with open(os.path.join(folder, "cpu.max")) as f:
-                quota, period = (f.read().split() + ["100000"])[:2]
-        except OSError:
+        lines = []
+    found = []
+    for parts in lines:
+        if len(parts) != 3:
             continue
-        if quota == "max":
-            return None
-        try:
-            return int(quota) / int(period)
-        except (ValueError, ZeroDivisionError):
-            return None
-    return None
+        _, controllers, path = parts
+        if controllers == "":
+            found.append((os.path.join(root, path.lstrip("/")), root, _cpu_max))
+        elif "cpu" in controllers.split(","):
+            top = os.path.join(root, controllers)
+            found.append((os.path.join(top, path.lstrip("/")), top, _cfs_quota))
+    return found or [(root, root, _cpu_max)]
+
+
+def _up_to(folder: str, top: str, read: Callable[[str], float | None]) -> list[float]:
+    """The limits ``read`` finds in ``folder`` and each folder above it up to ``top``."""
+    found = []
+    while True:
+        quota = read(folder)
+        if quota is not None:
+            found.append(quota)
+        if os.path.normpath(folder) == os.path.normpath(top) or len(folder) <= len(top):
+            return found
+        folder = os.path.dirname(os.path.normpath(folder))
+
+
+def _cpu_max(folder: str) -> float | None:
+    """A v2 ``cpu.max`` in CPUs; None for ``max`` or none readable."""
+    try:
+        with open(os.path.join(folder, "cpu.max")) as f:
+            quota, period = (f.read().split() + ["100000"])[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError, ZeroDivisionError):
+        return None
+
+
+def _cfs_quota(folder: str) -> float | None:
+    """A v1 ``cpu.cfs_quota_us`` over ``cpu.cfs_period_us`` in CPUs; None for -1 or none readable."""
+    try:
+        with open(os.path.join(folder, "cpu.cfs_quota_us")) as f:
+            quota = int(f.read())
+        with open(os.path.join(folder, "cpu.cfs_period_us")) as f:
+            period = int(f.read())
+        return None if quota <= 0 else quota / period
+    except (OSError, ValueError, ZeroDivisionError):
+        return None

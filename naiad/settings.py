@@ -83,8 +83,9 @@ class Settings(BaseSettings):
     (:func:`gateway.siblings.process_count`). The first process also
     serves the metrics port, indexes and polls the repository; the others start with it and
     stop with it (:mod:`gateway.siblings`: statistics, model control and shared-memory
-    regions read the same from each). The per-gateway limits (``--max-inflight``,
-    ``--max-buffered-bytes``, ``--http-max-connections``) hold per process."""
+    regions read the same from each). The limits (``--max-inflight``,
+    ``--max-buffered-bytes``, ``--http-max-connections``) are the server's, split evenly
+    among its processes (:func:`gateway.siblings.per_process`)."""
 
     gateway_sibling_of: str = ""
     """Set only by the first gateway process for the others it starts: the folder of the

@@ -2,7 +2,6 @@
 what Naiad's c32 points could reach at their measured costs, the gateway loops or every core
 busy, over Triton's throughput; never a target met or missed."""
 
-import os
 from types import SimpleNamespace
 
 import pytest
@@ -10,6 +9,7 @@ import pytest
 from bench import scenarios
 from bench.perf import loadgen
 from gateway.siblings import AUTO_MOST
+from naiad.host import usable_cpus
 
 
 def _point(rps: float, client_cpu: float, **cpu_us: float) -> dict:
@@ -55,7 +55,7 @@ def test_bounds_are_reference_lines_over_tritons_throughput():
 def test_gateway_processes_read_from_the_servers_arguments():
     assert scenarios.gateway_processes({"server": {"args": ["serve", "--gateway-processes=3"]}}) == 3
     assert scenarios.gateway_processes({"server": {"args": ["serve", "--gateway-processes", "2", "-v"]}}) == 2
-    auto = min(len(os.sched_getaffinity(0)), AUTO_MOST)  # the default: one a CPU, at most AUTO_MOST
+    auto = min(usable_cpus(), AUTO_MOST)  # the default: one a CPU, at most AUTO_MOST
     assert scenarios.gateway_processes({"server": {"args": ["serve", "--http-port", "8000"]}}) == auto
     assert scenarios.gateway_processes({"server": {"args": ["serve", "--gateway-processes=0"]}}) == auto
     assert scenarios.gateway_processes(None) == auto

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -22,6 +25,7 @@ import tritonclient.utils.shared_memory as shm
 from naiad_harness import run_server, wait_for
 
 from gateway import siblings
+from naiad.host import usable_cpus
 
 ARGS = ["--gateway-processes", "2", "--model-control-mode", "explicit", "--load-model", "digits"]
 #: Calls made on new connections: all on one process would happen with probability 2^-(N-1).
@@ -227,7 +231,7 @@ def test_the_default_runs_one_gateway_process_a_cpu(example_repository, tmp_path
     """Without ``--gateway-processes`` (the harness passes ``0``, the default, to skip its own
     1), ``naiad serve`` runs one gateway process per usable CPU, at most
     :data:`gateway.siblings.AUTO_MOST`; pinned to one CPU, one (children inherit the affinity)."""
-    expected = min(len(os.sched_getaffinity(0)), siblings.AUTO_MOST)
+    expected = min(usable_cpus(), siblings.AUTO_MOST)
     with run_server(example_repository, tmp_path / "auto", extra_args=["--gateway-processes=0"]) as server:
         assert len(gateways(server)) == expected
     before = os.sched_getaffinity(0)
@@ -238,3 +242,42 @@ def test_the_default_runs_one_gateway_process_a_cpu(example_repository, tmp_path
             assert requests.get(f"{server.http}/v2/health/ready", timeout=10).status_code == 200
     finally:
         os.sched_setaffinity(0, before)
+
+
+def test_a_second_server_on_the_same_ports_is_refused(example_repository, tmp_path):
+    """The first process binds with ``SO_REUSEPORT`` (shared with its siblings); a second
+    ``naiad serve`` of the same user on the same ports must still fail as with one process
+    ("address already in use"), not take half of the connections."""
+    with run_server(example_repository, tmp_path / "first", extra_args=ARGS) as server:
+        second = subprocess.run(
+            [sys.executable, "-m", "naiad_cli", "serve", "--model-repository", str(example_repository),
+             "--http-port", str(server.http_port), "--grpc-port", str(server.grpc_port),
+             "--metrics-port", "0", "--cache-dir", str(tmp_path / "second-cache")],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert second.returncode == 1, second.stderr[-2000:]
+        assert "address already in use" in second.stderr.lower(), second.stderr[-2000:]
+        assert requests.get(f"{server.http}/v2/health/ready", timeout=10).status_code == 200
+
+
+def test_the_connection_limit_is_the_servers_not_each_processes(example_repository, tmp_path):
+    """``--http-max-connections 4`` with two processes: each holds 2 (``per_process``), so at
+    most 4 connections stay open in all, whichever process the kernel gives each one; the
+    others are answered 503 and closed."""
+    args = ["--gateway-processes", "2", "--http-max-connections", "4"]
+    with run_server(example_repository, tmp_path / "server", extra_args=args) as server:
+        sockets = [socket.create_connection(("127.0.0.1", server.http_port), timeout=10) for _ in range(12)]
+        try:
+            held = 0
+            for sock in sockets:
+                sock.settimeout(1.5)
+                try:
+                    got = sock.recv(200)
+                except TimeoutError:
+                    held += 1  # open and waiting for a request
+                    continue
+                assert got.startswith(b"HTTP/1.1 503"), got
+            assert 2 <= held <= 4, held
+        finally:
+            for sock in sockets:
+                sock.close()

@@ -4,7 +4,9 @@ its cgroup's ``cpu.max`` (a fake cgroup folder here; this machine's cgroup is v1
 
 from __future__ import annotations
 
+import errno
 import os
+import socket
 
 import pytest
 
@@ -50,6 +52,23 @@ def test_a_limit_at_the_cgroup_root_counts_when_the_own_folder_has_none(tmp_path
     assert usable_cpus(root, proc) == 1
 
 
+def test_a_limit_on_a_parent_cgroup_counts_under_an_unlimited_own_one(tmp_path):
+    root, proc = cgroup(tmp_path, "max 100000", path="/kubepods/pod1/ctr")
+    (tmp_path / "cgroup" / "kubepods" / "pod1" / "cpu.max").write_text("100000 100000\n")
+    assert usable_cpus(root, proc) == 1
+
+
+@pytest.mark.parametrize(("quota", "expected"), [("100000", 1), ("-1", AFFINITY), ("x", AFFINITY)])
+def test_a_cgroup_v1_cfs_quota_counts(tmp_path, quota, expected):
+    folder = tmp_path / "cgroup" / "cpu,cpuacct" / "docker" / "abc"
+    folder.mkdir(parents=True)
+    (folder / "cpu.cfs_quota_us").write_text(quota + "\n")
+    (folder / "cpu.cfs_period_us").write_text("100000\n")
+    proc = tmp_path / "proc-cgroup"
+    proc.write_text("5:cpu,cpuacct:/docker/abc\n4:memory:/docker/abc\n0::/\n")
+    assert usable_cpus(str(tmp_path / "cgroup"), str(proc)) == min(expected, AFFINITY)
+
+
 def test_a_pinned_process_counts_its_cpus(tmp_path):
     before = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {min(before)})
@@ -65,3 +84,32 @@ def test_the_default_starts_one_gateway_process_a_cpu_at_most_auto_most(monkeypa
         monkeypatch.setattr(siblings.host, "usable_cpus", lambda cpus=cpus: cpus)
         assert siblings.process_count(Settings()) == min(expected, siblings.AUTO_MOST)
         assert siblings.process_count(Settings(gateway_processes=3)) == 3  # asked for: as asked
+        # an ephemeral port would be another one in each process: one process
+        assert siblings.process_count(Settings(http_port=0)) == 1
+        assert siblings.process_count(Settings(grpc_port=0)) == 1
+
+
+def test_each_process_holds_its_share_of_the_servers_limits():
+    mib = 1024**2
+    limits = {"max_inflight": 4096, "http_max_connections": 5, "max_buffered_bytes": 256 * mib}
+    one = Settings(gateway_processes=1, **limits)
+    assert siblings.per_process(one) is one
+    two = siblings.per_process(Settings(gateway_processes=2, **limits))
+    assert (two.gateway_processes, two.max_inflight, two.http_max_connections) == (2, 2048, 2)
+    assert two.max_buffered_bytes == 128 * mib
+    many = siblings.per_process(Settings(gateway_processes=8, max_inflight=3, http_max_connections=1,
+                                         max_buffered_bytes=100 * mib))  # fmt: skip
+    assert (many.max_inflight, many.http_max_connections) == (1, 1)  # at least one each
+    assert many.max_buffered_bytes == 64 * mib  # at least the largest request (64 MiB by default)
+
+
+def test_a_port_something_listens_on_is_not_free():
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)  # as a gateway binds it
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(OSError) as refused:
+            siblings.check_ports_free("127.0.0.1", [port])
+        assert refused.value.errno == errno.EADDRINUSE
+    siblings.check_ports_free("127.0.0.1", [port])  # closed: free again
