@@ -89,7 +89,8 @@ GATEWAY_FLAGS = {
     "--redis-down-grace": ("redis_down_grace_s", float, "seconds Redis may be unreachable before "
                            "/v2/health/live says not live"),
     "--max-queue-size": ("max_queue_size", int, "most requests queued per model; more: 503"),
-    "--max-inflight": ("max_inflight", int, "most requests the gateway carries (its processes in all); more: 503"),
+    "--max-inflight": ("max_inflight", int, "most requests the gateway carries (its processes in all); "
+                       "more: 503"),
     "--gateway-processes": ("gateway_processes", int, "gateway processes sharing the HTTP and gRPC ports "
                             "(SO_REUSEPORT); 0: one per usable CPU, at most 2"),
     "--max-buffered-bytes": ("max_buffered_bytes", int, "most request bytes buffered at once, HTTP and "
