@@ -39,7 +39,6 @@ from gateway.siblings import (
     check_ports_free,
     control_folder,
     per_process,
-    process_count,
     start_siblings,
     stop_siblings,
     wait_started,
@@ -117,7 +116,7 @@ async def _endpoints(settings: Settings, dataplane: DataPlane, limits: HttpLimit
     grpc_access = AccessPolicy(settings.grpc_restricted_protocol, "--grpc-restricted-protocol")
     app = create_app(dataplane, settings.http_max_body_bytes, http_access, limits)
     front = fast_front(dataplane, limits, http_access) if settings.http_fast_infer else None
-    shared = process_count(settings) > 1 or bool(settings.gateway_sibling_of)
+    shared = settings.gateway_processes > 1 or bool(settings.gateway_sibling_of)
     http = _site(
         app, settings.http_host, settings.http_port, limits, reuse_port=shared, shutdown_timeout=grace,
         front=front, **RUNNER_OPTIONS,
@@ -169,7 +168,7 @@ async def run_gateway(settings: Settings, redis_url: str, stop: asyncio.Event) -
     """Serve until ``stop`` is set. Indexes the repository into Redis at start (a sibling
     process, :mod:`gateway.siblings`, reads what the first one indexed)."""
     sibling = bool(settings.gateway_sibling_of)
-    if not sibling:  # its siblings get the same share of the limits
+    if not sibling:  # the process count resolved once; its siblings get the same share of the limits
         settings = per_process(settings)
         if settings.gateway_processes > 1:
             check_ports_free(settings.http_host, [settings.http_port, settings.grpc_port])
@@ -225,7 +224,7 @@ async def run_gateway(settings: Settings, redis_url: str, stop: asyncio.Event) -
 async def _siblings(settings: Settings, dataplane: DataPlane) -> AsyncIterator[None]:
     """This process's control socket among the server's gateway processes, when there are
     several (:mod:`gateway.siblings`); the first process makes their folder."""
-    if process_count(settings) <= 1 and not settings.gateway_sibling_of:
+    if settings.gateway_processes <= 1 and not settings.gateway_sibling_of:
         yield
         return
     folder = pathlib.Path(settings.gateway_sibling_of) if settings.gateway_sibling_of else control_folder()

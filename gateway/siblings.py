@@ -156,10 +156,11 @@ def per_process(settings: Settings) -> Settings:
     ``--max-buffered-bytes`` are split evenly (⌊limit / N⌋; at least 1, and a byte budget at
     least the largest request), so the server never holds more than them in all, whichever
     process the kernel gives each connection (an uneven spread can refuse before the total
-    is reached). ``gateway_processes`` becomes N. The siblings get these settings as they are."""
+    is reached). ``gateway_processes`` becomes N (resolved once: the rest of the server reads
+    it). The siblings get these settings as they are."""
     count = process_count(settings)
     if count == 1:
-        return settings
+        return settings.model_copy(update={"gateway_processes": 1})
     largest = max(settings.http_max_body_bytes, settings.grpc_max_message_bytes)
     return settings.model_copy(update={
         "gateway_processes": count,
@@ -186,13 +187,12 @@ def check_ports_free(host_name: str, ports: list[int]) -> None:
 
 
 def start_siblings(settings: Settings, redis_url: str, folder: pathlib.Path) -> list[subprocess.Popen]:
-    """Start :func:`process_count` − 1 sibling gateways on the same ports (module doc), each
-    told ``folder`` and given ``settings`` (:func:`per_process`'s); they die with this process."""
-    count = process_count(settings)
-    update = {"redis_url": redis_url, "gateway_sibling_of": str(folder), "gateway_processes": count}
-    text = settings.model_copy(update=update).model_dump_json()
+    """Start ``settings.gateway_processes`` − 1 sibling gateways on the same ports (module doc),
+    each told ``folder`` and given ``settings`` (:func:`per_process`'s); they die with this process."""
+    sibling = settings.model_copy(update={"redis_url": redis_url, "gateway_sibling_of": str(folder)})
+    text = sibling.model_dump_json()
     command = [sys.executable, "-m", "naiad_cli", "gateway"]
-    return [procs.spawn_python(command, settings_json=text) for _ in range(count - 1)]
+    return [procs.spawn_python(command, settings_json=text) for _ in range(settings.gateway_processes - 1)]
 
 
 async def wait_started(processes: list[subprocess.Popen], timeout_s: float = START_TIMEOUT_S) -> None:

@@ -93,7 +93,8 @@ def test_each_process_holds_its_share_of_the_servers_limits():
     mib = 1024**2
     limits = {"max_inflight": 4096, "http_max_connections": 5, "max_buffered_bytes": 256 * mib}
     one = Settings(gateway_processes=1, **limits)
-    assert siblings.per_process(one) is one
+    assert siblings.per_process(one) == one  # one process: the limits as given
+    assert siblings.per_process(Settings(http_port=0)).gateway_processes == 1  # the default resolved
     two = siblings.per_process(Settings(gateway_processes=2, **limits))
     assert (two.gateway_processes, two.max_inflight, two.http_max_connections) == (2, 2048, 2)
     assert two.max_buffered_bytes == 128 * mib
