@@ -12,21 +12,26 @@ gateway's thread spent 0.28–0.37 of its time runnable but not running with the
 thread ran at ``SCHED_IDLE`` (``/proc/PID/task/TID/schedstat``; docs/benchmarks.md, "Stop 27").
 
 :class:`SpinWatch` finds them: about once a :data:`CHECK_S`, between the end of one batch and
-the start of the next (the version's load, when a batch needs one, counts as the batch's),
-it reads the CPU time of every native thread of the worker process that is not a Python
-thread (the frameworks' own pools; Python's threads — the event loop, the model thread, a
-``model.py``'s own — are left alone, and so are threads already at ``SCHED_IDLE``). A thread
-that used at least :data:`SPIN_SHARE` of a core over that gap (at least :data:`MIN_GAP_S`)
-is a *spinner*: from then on it is moved to ``SCHED_IDLE`` at each batch's end (``sched(7)``:
-it runs only on a CPU no other thread wants, and any thread waking preempts it) and back to
-``SCHED_OTHER`` at each batch's start, so it computes its share of a batch at the normal
-policy. Kept at ``SCHED_IDLE`` through the batches as well, an OpenMP pool (static shares:
-every run waits for each thread's) ran a PyTorch matmul 20–30× slower with the cores busy,
-and ONNX Runtime's batches took 0.7–1.2 ms instead of ~0.5 (docs/benchmarks.md, "Stop 27").
-Moving a thread back from ``SCHED_IDLE`` needs root, ``CAP_SYS_NICE`` or an ``RLIMIT_NICE``
-allowing nice 0; a process without it (:func:`can_restore`) leaves its threads alone.
+the start of the next (the version's load, when a batch needs one, counts as the batch's), it
+reads how long every native thread of the worker process that is not a Python thread (the
+frameworks' own pools; Python's threads — the event loop, the model thread, a ``model.py``'s
+own — are left alone, and so are threads already at ``SCHED_IDLE``) has been runnable: on a CPU
+or waiting in a run queue for one (``/proc/PID/task/TID/schedstat``'s first two fields,
+``Documentation/scheduler/sched-stats.rst``). A thread runnable for at least :data:`SPIN_SHARE`
+of that gap (at least :data:`MIN_GAP_S`) never went to sleep: it is a *spinner*. (Its CPU time
+alone missed spinners exactly where they hurt: with the gateway and the client on both cores of
+the VM, a pool thread that spun through the gap ran for 0.35–0.47 of it, and a CI run judged
+none of its readings a spinner.) From then on it is moved to ``SCHED_IDLE`` at each batch's end
+(``sched(7)``: it runs only on a CPU no other thread wants, and any thread waking preempts it)
+and back to ``SCHED_OTHER`` at each batch's start, so it computes its share of a batch at the
+normal policy. Kept at ``SCHED_IDLE`` through the batches as well, an OpenMP pool (static
+shares: every run waits for each thread's) ran a PyTorch matmul 20–30× slower with the cores
+busy, and ONNX Runtime's batches took 0.7–1.2 ms instead of ~0.5 (docs/benchmarks.md, "Stop
+27"). Moving a thread back from ``SCHED_IDLE`` needs root, ``CAP_SYS_NICE`` or an
+``RLIMIT_NICE`` allowing nice 0; a process without it (:func:`can_restore`) leaves its threads
+alone.
 
-Linux only (``os.sched_setscheduler`` with ``SCHED_IDLE`` and per-thread CPU clocks); elsewhere,
+Linux only (``os.sched_setscheduler`` with ``SCHED_IDLE`` and per-thread ``schedstat``); elsewhere,
 or with ``--demote-spinning-threads false``, :func:`watch` returns None and nothing is read.
 """
 
@@ -40,9 +45,10 @@ import time
 logger = logging.getLogger(__name__)
 
 #: Seconds between two looks at the threads (each costs a listing of ``/proc/self/task`` and
-#: one clock read per native thread, twice).
+#: one ``schedstat`` read per native thread, twice).
 CHECK_S = 1.0
-#: Share of one core a thread must use between two batches to count as busy-waiting.
+#: Share of the gap between two batches a thread must be runnable (on a CPU or in a run queue)
+#: to count as busy-waiting.
 SPIN_SHARE = 0.5
 #: Shortest gap between batches that is judged (seconds): a shorter one says too little.
 MIN_GAP_S = 0.0005
@@ -50,11 +56,14 @@ MIN_GAP_S = 0.0005
 _TASKS = "/proc/self/task"
 
 
-def thread_cpu_ns(tid: int) -> int:
-    """CPU time (ns) of thread ``tid`` of this process, from its per-thread CPU clock (Linux's
-    ``MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED)``, ``include/linux/posix-timers.h``: the
-    clock id ``(~tid << 3) | 6``). Raises :class:`OSError` when the thread is gone."""
-    return time.clock_gettime_ns(((~tid) << 3) | 6)
+def runnable_ns(tid: int) -> int:
+    """Nanoseconds thread ``tid`` of this process has been runnable: on a CPU plus waiting in a
+    run queue (the first two fields of ``/proc/self/task/TID/schedstat``,
+    ``Documentation/scheduler/sched-stats.rst``). Raises :class:`OSError` when the thread is gone
+    (or the kernel keeps no such file: no ``CONFIG_SCHED_INFO``)."""
+    with open(f"{_TASKS}/{tid}/schedstat", "rb") as file:
+        on_cpu, waiting = file.read().split()[:2]
+    return int(on_cpu) + int(waiting)
 
 
 def native_threads() -> list[int]:
@@ -106,8 +115,8 @@ class SpinWatch:
         self._read_at: float | None = None
 
     def batch_ended(self) -> None:
-        """The spinners to ``SCHED_IDLE``; once a :attr:`check_s`, a reading of the other
-        native threads' CPU time."""
+        """The spinners to ``SCHED_IDLE``; once a :attr:`check_s`, a reading of how long the
+        other native threads have been runnable."""
         self._move(os.SCHED_IDLE)
         now = time.monotonic()
         if now < self._next:
@@ -117,14 +126,14 @@ class SpinWatch:
         for tid in native_threads():
             try:
                 if tid not in self.spinners and os.sched_getscheduler(tid) != os.SCHED_IDLE:
-                    self._reading[tid] = thread_cpu_ns(tid)
+                    self._reading[tid] = runnable_ns(tid)
             except OSError:
                 continue
         self._read_at = time.monotonic()
 
     def batch_started(self) -> None:
-        """Each thread read at the last end that used :data:`SPIN_SHARE` of a core since
-        joins the spinners; the spinners back to ``SCHED_OTHER`` for the batch."""
+        """Each thread read at the last end that was runnable for :data:`SPIN_SHARE` of the
+        time since joins the spinners; the spinners back to ``SCHED_OTHER`` for the batch."""
         if self._read_at is not None:
             self._judge(time.monotonic() - self._read_at)
         self._move(os.SCHED_OTHER)
@@ -135,12 +144,12 @@ class SpinWatch:
             return
         for tid, before in reading.items():
             try:
-                share = (thread_cpu_ns(tid) - before) / 1e9 / gap_s
+                share = (runnable_ns(tid) - before) / 1e9 / gap_s
             except OSError:
                 continue
             if share >= SPIN_SHARE:
                 self.spinners.add(tid)
-                logger.info("thread %d busy-waited between batches (%.0f %% of a core over %.1f ms): it "
+                logger.info("thread %d busy-waited between batches (runnable %.0f %% of %.1f ms): it "
                             "runs at SCHED_IDLE between batches from now", tid, share * 100, gap_s * 1e3)
 
     def _move(self, policy: int) -> None:
@@ -152,6 +161,10 @@ def watch(enabled: bool) -> SpinWatch | None:
     """A :class:`SpinWatch` when ``enabled`` and this platform and process have what it needs
     (:func:`can_restore` among it), else None."""
     if not enabled or not hasattr(os, "SCHED_IDLE") or not os.path.isdir(_TASKS):
+        return None
+    try:
+        runnable_ns(threading.get_native_id())
+    except OSError:
         return None
     if not can_restore():
         logger.info("spinning threads are left alone: this process may not move a thread back "

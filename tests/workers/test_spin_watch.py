@@ -5,7 +5,10 @@ Python's own threads, are left alone."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -15,7 +18,7 @@ import pytest
 from workers import spin_watch
 from workers.spin_watch import SpinWatch
 
-pytestmark = pytest.mark.skipif(spin_watch.watch(True) is None, reason="Linux's SCHED_IDLE and thread clocks")
+pytestmark = pytest.mark.skipif(spin_watch.watch(True) is None, reason="Linux's SCHED_IDLE and schedstat")
 
 ROWS, WIDTH = 64, 256
 
@@ -77,6 +80,31 @@ def test_a_spinning_onnx_runtime_pool_thread_goes_to_sched_idle(tmp_path):
     np.testing.assert_array_equal(sess.run(None, {"x": x})[0], np.full((ROWS, WIDTH), WIDTH, np.float32))
 
 
+def test_a_spinner_that_shares_its_core_with_busy_processes_is_found(tmp_path):
+    """With two busy processes on its core the pool thread runs for about a third of each gap:
+    its CPU time alone is under :data:`SPIN_SHARE`, yet it never sleeps (the gateway and the
+    client on both cores of a 2-core machine, as in the e2e test)."""
+    sess = session(True, tmp_path / "m.onnx")
+    x = np.ones((ROWS, WIDTH), np.float32)
+    cpu = min(os.sched_getaffinity(0))
+    tids = [int(name) for name in os.listdir("/proc/self/task")]
+    saved = {tid: os.sched_getaffinity(tid) for tid in tids}
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        for pid in [hog.pid for hog in hogs] + tids:
+            os.sched_setaffinity(pid, {cpu})
+        watch = SpinWatch(check_s=0.0)
+        batches(watch, lambda: sess.run(None, {"x": x}), count=8)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+        for tid, cpus in saved.items():
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(tid, cpus)
+    assert watch.spinners, "the pool thread that shared its core was not found"
+
+
 def test_a_pool_that_sleeps_between_batches_and_python_threads_are_left_alone(tmp_path):
     pre = set(spin_watch.native_threads())
     sess = session(False, tmp_path / "m.onnx")
@@ -108,7 +136,7 @@ def test_readings_are_taken_once_a_check_period():
 def test_a_gone_thread_is_skipped():
     assert not spin_watch.set_policy(2**22 + 12345, os.SCHED_IDLE)  # no such thread
     with pytest.raises(OSError):
-        spin_watch.thread_cpu_ns(2**22 + 12345)
+        spin_watch.runnable_ns(2**22 + 12345)
 
 
 def test_the_setting_turns_it_off_and_a_process_that_cannot_restore_leaves_threads_alone(monkeypatch):
