@@ -26,7 +26,8 @@ import logging
 import math
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -40,6 +41,8 @@ from workers.loader import VersionLoader
 from workers.model import ModelRunner
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: A batch expected to compute within this many seconds runs on the event loop.
 INLINE_INFER_S = 0.001
@@ -95,7 +98,7 @@ class BatchExecutor:
             runner = await self.loader.get(group[0].request.version)
             async with rate_limiter.slot(self.rate_limit):
                 if is_request_level(runner):
-                    return await run_requests(runner, group, self.thread)
+                    return await run_requests(runner, group, self.thread, self.spin_watch)
                 return await self._run_merged(runner, group)
         except NaiadError as exc:
             error = exc
@@ -123,7 +126,8 @@ class BatchExecutor:
             if self.inline(runner, elements):
                 results = runner.backend.infer(feed, names)
             else:
-                results = await self.thread.run(runner.backend.infer, feed, names)
+                infer = runner.backend.infer
+                results = await self.thread.run(_then_idle, self.spin_watch, infer, feed, names)
         t2 = time.perf_counter_ns()
         self._infer_ns.setdefault(runner, {})[elements.bit_length()] = t2 - t1
         outputs = runner.restore(results, names, sum(sizes))
@@ -149,17 +153,19 @@ def is_request_level(runner: ModelRunner) -> bool:
 
 
 async def run_requests(
-    runner: ModelRunner, group: Sequence[QueuedRequest], thread: model_thread.ModelThread
+    runner: ModelRunner, group: Sequence[QueuedRequest], thread: model_thread.ModelThread,
+    spinners: spin_watch.SpinWatch | None = None,
 ) -> tuple[list[bytes], stats.Execution]:
     """Run ``group`` (one batch, one version) through the backend's ``execute_requests``,
-    in ``thread``: the encoded replies in ``group`` order and the batch's statistics. Raises
-    what the backend raises when the whole batch fails."""
+    in ``thread`` (``spinners``, when given, to ``SCHED_IDLE`` there as it returns): the
+    encoded replies in ``group`` order and the batch's statistics. Raises what the backend
+    raises when the whole batch fails."""
     requests = [queued.request for queued in group]
     batched = runner.config.max_batch_size > 0
     rows = sum(batching.rows(r) if batched else 1 for r in requests)
     started_s, t1 = time.time(), time.perf_counter_ns()
     with tracing.span("naiad.backend", {"naiad.batch_rows": rows, "naiad.batch_requests": len(group)}):
-        results = await thread.run(runner.backend.execute_requests, requests)  # type: ignore[attr-defined]
+        results = await thread.run(_then_idle, spinners, runner.backend.execute_requests, requests)  # type: ignore[attr-defined]
     t2 = time.perf_counter_ns()
     phases = {"compute_input": 0, "compute_infer": t2 - t1}
     payloads = [
@@ -169,6 +175,16 @@ async def run_requests(
     ]  # fmt: skip
     phases["compute_output"] = time.perf_counter_ns() - t2
     return payloads, _execution(requests[0].version, rows, group, started_s, phases)
+
+
+def _then_idle(spinners: spin_watch.SpinWatch | None, function: Callable[..., T], *args: Any) -> T:
+    """``function(*args)`` in the model's thread, then ``spinners`` to ``SCHED_IDLE`` there
+    (:meth:`workers.spin_watch.SpinWatch.idle`), before the loop is woken."""
+    try:
+        return function(*args)
+    finally:
+        if spinners is not None:
+            spinners.idle()
 
 
 def _execution(

@@ -22,7 +22,8 @@ of that gap (at least :data:`MIN_GAP_S`) never went to sleep: it is a *spinner*.
 alone missed spinners exactly where they hurt: with the gateway and the client on both cores of
 the VM, a pool thread that spun through the gap ran for 0.35–0.47 of it, and a CI run judged
 none of its readings a spinner.) From then on it is moved to ``SCHED_IDLE`` at each batch's end
-(``sched(7)``: it runs only on a CPU no other thread wants, and any thread waking preempts it)
+(by the model's thread as its call returns, when the batch ran there: :meth:`SpinWatch.idle`;
+``sched(7)``: it runs only on a CPU no other thread wants, and any thread waking preempts it)
 and back to ``SCHED_OTHER`` at each batch's start, so it computes its share of a batch at the
 normal policy. Kept at ``SCHED_IDLE`` through the batches as well, an OpenMP pool (static
 shares: every run waits for each thread's) ran a PyTorch matmul 20–30× slower with the cores
@@ -113,6 +114,14 @@ class SpinWatch:
         self._next = 0.0  # monotonic: the next batch end that takes a reading
         self._reading: dict[int, int] = {}  # tid -> CPU ns at the last batch end
         self._read_at: float | None = None
+        self._policy = os.SCHED_OTHER  # where the spinners are now
+
+    def idle(self) -> None:
+        """The spinners to ``SCHED_IDLE`` now: called by the model's thread as a batch's
+        computation returns, before the event loop that awaits it wakes (on a busy machine that
+        wake-up waits in a run queue, where the spinners at the normal policy would hold a CPU
+        the loop waits for); :meth:`batch_ended` then has nothing left to move."""
+        self._move(os.SCHED_IDLE)
 
     def batch_ended(self) -> None:
         """The spinners to ``SCHED_IDLE``; once a :attr:`check_s`, a reading of how long the
@@ -153,6 +162,9 @@ class SpinWatch:
                             "runs at SCHED_IDLE between batches from now", tid, share * 100, gap_s * 1e3)
 
     def _move(self, policy: int) -> None:
+        if policy == self._policy:
+            return
+        self._policy = policy
         gone = [tid for tid in self.spinners if not set_policy(tid, policy)]
         self.spinners.difference_update(gone)
 

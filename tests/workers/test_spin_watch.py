@@ -5,6 +5,7 @@ Python's own threads, are left alone."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import subprocess
@@ -15,7 +16,8 @@ import time
 import numpy as np
 import pytest
 
-from workers import spin_watch
+from workers import execution, spin_watch
+from workers.model_thread import ModelThread
 from workers.spin_watch import SpinWatch
 
 pytestmark = pytest.mark.skipif(spin_watch.watch(True) is None, reason="Linux's SCHED_IDLE and schedstat")
@@ -78,6 +80,26 @@ def test_a_spinning_onnx_runtime_pool_thread_goes_to_sched_idle(tmp_path):
     watch.batch_ended()
     assert watch.spinners <= idle_threads()
     np.testing.assert_array_equal(sess.run(None, {"x": x})[0], np.full((ROWS, WIDTH), WIDTH, np.float32))
+
+
+def test_the_model_thread_moves_the_spinners_as_its_call_returns(tmp_path):
+    """A batch run in the model's thread leaves its spinners at SCHED_IDLE as the call returns,
+    before the awaiting loop runs again (its ``batch_ended`` then moves nothing)."""
+    sess = session(True, tmp_path / "m.onnx")
+    x = np.ones((ROWS, WIDTH), np.float32)
+    watch = SpinWatch(check_s=0.0)
+    batches(watch, lambda: sess.run(None, {"x": x}))
+    assert watch.spinners, "the spinning pool thread was not found"
+    thread = ModelThread()
+
+    async def one_batch() -> tuple[set[int], set[int]]:
+        watch.batch_started()
+        during = watch.spinners & idle_threads()
+        await thread.run(execution._then_idle, watch, sess.run, None, {"x": x})
+        return during, watch.spinners - idle_threads()
+
+    during, not_idle = asyncio.run(one_batch())
+    assert during == set() and not_idle == set()
 
 
 def test_a_spinner_that_shares_its_core_with_busy_processes_is_found(tmp_path):
