@@ -1,5 +1,6 @@
 """``workers.backends.onnxruntime.session_options``: Triton's thread-count parameters, and idle
-intra-op threads that do not spin unless the model asks (docs/architecture.md)."""
+intra-op threads that do not spin unless the model asks (docs/architecture.md); a CPU
+session run through its binding (``direct_run``)."""
 
 from __future__ import annotations
 
@@ -50,20 +51,46 @@ def test_a_bad_value_is_logged_and_the_default_kept(key, value, caplog):
 def test_an_input_the_graph_refuses_is_the_requests_fault(tmp_path):
     """ONNX Runtime's INVALID_ARGUMENT (a shape the config's -1 let through) is InvalidInput:
     HTTP 400 / gRPC INVALID_ARGUMENT, as Triton's ONNX Runtime backend answers, not a 500."""
-    from onnx import TensorProto, helper, save  # noqa: PLC0415
-
     from naiad.errors import InvalidInput  # noqa: PLC0415
     from workers.backends.onnxruntime import OnnxRuntimeBackend  # noqa: PLC0415
 
-    graph = helper.make_graph(
-        [helper.make_node("Gemm", ["x", "w"], ["y"])], "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 2])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 2])],
-        [helper.make_tensor("w", TensorProto.FLOAT, [2, 2], [1.0, 0.0, 0.0, 1.0])],
-    )  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
-    save(model, tmp_path / "m.onnx")
+    save_model(tmp_path / "m.onnx", "Gemm", [1.0, 0.0, 0.0, 1.0])
     backend = OnnxRuntimeBackend(tmp_path / "m.onnx", "cpu")
     assert backend.infer({"x": np.ones((1, 2), np.float32)}, [])["y"].tolist() == [[1.0, 1.0]]
     with pytest.raises(InvalidInput, match="inference failed: .*INVALID_ARGUMENT"):
         backend.infer({"x": np.ones((1, 3), np.float32)}, [])
+
+
+def test_a_cpu_session_runs_through_its_binding_and_answers_as_session_run(tmp_path, monkeypatch):
+    """``direct_run``: on the CPU provider the binding's own ``run`` is called (no Python
+    wrapper checks), with the same outputs as ``InferenceSession.run``; a session on another
+    provider keeps the wrapper (its provider fall-back)."""
+    from workers.backends import onnxruntime as backend_module  # noqa: PLC0415
+
+    path = tmp_path / "m.onnx"
+    save_model(path, "MatMul", [1.0, 2.0, 3.0, 4.0])
+    backend = backend_module.OnnxRuntimeBackend(path, "cpu")
+    assert backend._run is not None
+    x = np.arange(6, dtype=np.float32).reshape(3, 2)
+    wrapped = backend.session.run(["y"], {"x": x})[0]
+    np.testing.assert_array_equal(backend.infer({"x": x}, ["y"])["y"], wrapped)
+    calls = []
+    monkeypatch.setattr(backend.session, "run", lambda *a: calls.append(a))
+    backend.infer({"x": x}, ["y"])
+    assert calls == []  # the wrapper was not called
+    gpu = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    monkeypatch.setattr(backend.session, "get_providers", lambda: gpu)
+    assert backend_module.direct_run(backend.session) is None
+
+
+def save_model(path, op: str, weights: list[float]) -> None:
+    """A one-node ``op`` graph: y = op(x, w), x FP32 [-1, 2], w FP32 [2, 2] = ``weights``."""
+    from onnx import TensorProto, helper, save  # noqa: PLC0415
+
+    graph = helper.make_graph(
+        [helper.make_node(op, ["x", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 2])],
+        [helper.make_tensor("w", TensorProto.FLOAT, [2, 2], weights)],
+    )  # fmt: skip
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), path)

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import ctypes
 import logging
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -117,6 +119,23 @@ def session_options(config: mc.ModelConfig | None = None) -> ort.SessionOptions:
     return options
 
 
+def direct_run(session: ort.InferenceSession) -> Callable[..., list[Any]] | None:
+    """The ``run(output_names, feed, run_options)`` of ``session``'s native binding, for a
+    session on the CPU provider alone; else None (call ``session.run``). ONNX Runtime's Python
+    ``InferenceSession.run`` (``onnxruntime_inference_collection.py``, 1.32) adds to each call
+    a check that every graph input is fed (the request was validated against the config
+    already; a missing one fails in the binding instead, as ``Fail``), an ownership check of
+    ``OrtValue`` inputs (none here: numpy arrays) and a fall-back to other providers on
+    ``EPFail`` (nothing to fall back to from the CPU): ~8 µs of a ~41 µs one-row digits run
+    and of a ~79 µs 32-row one, in a warm loop on the benchmark VM (``python -m
+    bench.perf.ort_run_api``; docs/benchmarks.md, "Stop 34")."""
+    binding = getattr(session, "_sess", None)
+    run = getattr(binding, "run", None)
+    if session.get_providers() != ["CPUExecutionProvider"] or not callable(run):
+        return None
+    return run
+
+
 class OnnxRuntimeBackend:
     """One ``InferenceSession`` over ``model.onnx`` (or the config's default file name)."""
 
@@ -126,6 +145,7 @@ class OnnxRuntimeBackend:
         self.output_names = [output.name for output in self.session.get_outputs()]
         tensors = [*self.session.get_inputs(), *self.session.get_outputs()]
         self.uses_bf16 = any(t.type == "tensor(bfloat16)" for t in tensors)
+        self._run = direct_run(self.session)
         logger.info("loaded %s with %s", path, self.session.get_providers())
 
     def infer(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
@@ -134,7 +154,8 @@ class OnnxRuntimeBackend:
             return self._infer_ort_values(inputs, names)
         feed = {name: _to_ort(array) for name, array in inputs.items()}
         try:
-            results = self.session.run(names, feed)
+            run = self._run
+            results = run(names, feed, None) if run is not None else self.session.run(names, feed)
         except InvalidArgument as exc:  # the request's fault: Triton answers INVALID_ARG (400)
             raise InvalidInput(f"inference failed: {exc}") from None
         return dict(zip(names, results, strict=True))
