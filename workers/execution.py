@@ -92,7 +92,7 @@ class BatchExecutor:
     async def _execute_batch(
         self, group: list[QueuedRequest]
     ) -> tuple[list[bytes], stats.Execution | None]:
-        if self.spin_watch is not None:  # a load runs with the batch (spinners at SCHED_OTHER)
+        if self.spin_watch is not None:  # before the version's load: it is the batch's time
             self.spin_watch.batch_started()
         try:
             runner = await self.loader.get(group[0].request.version)
@@ -124,10 +124,10 @@ class BatchExecutor:
         t1 = time.perf_counter_ns()
         with tracing.span("naiad.backend", {"naiad.batch_rows": sum(sizes)}):
             if self.inline(runner, elements):
-                results = runner.backend.infer(feed, names)
+                results = _with_spinners(self.spin_watch, runner.backend.infer, feed, names)
             else:
                 infer = runner.backend.infer
-                results = await self.thread.run(_then_idle, self.spin_watch, infer, feed, names)
+                results = await self.thread.run(_with_spinners, self.spin_watch, infer, feed, names)
         t2 = time.perf_counter_ns()
         self._infer_ns.setdefault(runner, {})[elements.bit_length()] = t2 - t1
         outputs = runner.restore(results, names, sum(sizes))
@@ -157,7 +157,7 @@ async def run_requests(
     spinners: spin_watch.SpinWatch | None = None,
 ) -> tuple[list[bytes], stats.Execution]:
     """Run ``group`` (one batch, one version) through the backend's ``execute_requests``,
-    in ``thread`` (``spinners``, when given, to ``SCHED_IDLE`` there as it returns): the
+    in ``thread`` (``spinners``, when given, at ``SCHED_OTHER`` there while it runs): the
     encoded replies in ``group`` order and the batch's statistics. Raises what the backend
     raises when the whole batch fails."""
     requests = [queued.request for queued in group]
@@ -165,7 +165,7 @@ async def run_requests(
     rows = sum(batching.rows(r) if batched else 1 for r in requests)
     started_s, t1 = time.time(), time.perf_counter_ns()
     with tracing.span("naiad.backend", {"naiad.batch_rows": rows, "naiad.batch_requests": len(group)}):
-        results = await thread.run(_then_idle, spinners, runner.backend.execute_requests, requests)  # type: ignore[attr-defined]
+        results = await thread.run(_with_spinners, spinners, runner.backend.execute_requests, requests)  # type: ignore[attr-defined]
     t2 = time.perf_counter_ns()
     phases = {"compute_input": 0, "compute_infer": t2 - t1}
     payloads = [
@@ -177,14 +177,17 @@ async def run_requests(
     return payloads, _execution(requests[0].version, rows, group, started_s, phases)
 
 
-def _then_idle(spinners: spin_watch.SpinWatch | None, function: Callable[..., T], *args: Any) -> T:
-    """``function(*args)`` in the model's thread, then ``spinners`` to ``SCHED_IDLE`` there
-    (:meth:`workers.spin_watch.SpinWatch.idle`), before the loop is woken."""
+def _with_spinners(spinners: spin_watch.SpinWatch | None, function: Callable[..., T], *args: Any) -> T:
+    """``function(*args)`` with ``spinners`` at ``SCHED_OTHER`` while it runs, moved by the
+    thread that runs it (:meth:`workers.spin_watch.SpinWatch.busy` and ``idle``): not while
+    it waits to run, nor while the loop it answers waits to wake."""
+    if spinners is None:
+        return function(*args)
+    spinners.busy()
     try:
         return function(*args)
     finally:
-        if spinners is not None:
-            spinners.idle()
+        spinners.idle()
 
 
 def _execution(

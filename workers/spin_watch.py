@@ -13,26 +13,31 @@ thread ran at ``SCHED_IDLE`` (``/proc/PID/task/TID/schedstat``; docs/benchmarks.
 
 :class:`SpinWatch` finds them: about once a :data:`CHECK_S`, between the end of one batch and
 the start of the next (the version's load, when a batch needs one, counts as the batch's), it
-reads how long every native thread of the worker process that is not a Python thread (the
-frameworks' own pools; Python's threads — the event loop, the model thread, a ``model.py``'s
-own — are left alone, and so are threads already at ``SCHED_IDLE``) has been runnable: on a CPU
-or waiting in a run queue for one (``/proc/PID/task/TID/schedstat``'s first two fields,
-``Documentation/scheduler/sched-stats.rst``). A thread runnable for at least :data:`SPIN_SHARE`
-of that gap (at least :data:`MIN_GAP_S`) never went to sleep: it is a *spinner*. (Its CPU time
-alone missed spinners exactly where they hurt: with the gateway and the client on both cores of
-the VM, a pool thread that spun through the gap ran for 0.35–0.47 of it, and a CI run judged
-none of its readings a spinner.) From then on it is moved to ``SCHED_IDLE`` at each batch's end
-(by the model's thread as its call returns, when the batch ran there: :meth:`SpinWatch.idle`;
-``sched(7)``: it runs only on a CPU no other thread wants, and any thread waking preempts it)
-and back to ``SCHED_OTHER`` at each batch's start, so it computes its share of a batch at the
-normal policy. Kept at ``SCHED_IDLE`` through the batches as well, an OpenMP pool (static
-shares: every run waits for each thread's) ran a PyTorch matmul 20–30× slower with the cores
-busy, and ONNX Runtime's batches took 0.7–1.2 ms instead of ~0.5 (docs/benchmarks.md, "Stop
-27"). Moving a thread back from ``SCHED_IDLE`` needs root, ``CAP_SYS_NICE`` or an
-``RLIMIT_NICE`` allowing nice 0; a process without it (:func:`can_restore`) leaves its threads
-alone.
+looks at every native thread of the worker process that is not a Python thread (the frameworks'
+own pools; Python's threads — the event loop, the model thread, a ``model.py``'s own — are left
+alone, and so are threads already at ``SCHED_IDLE``) and sums how long each was awake in that
+gap (:func:`awake_ns`): all of it when the thread was runnable at both ends and did not sleep
+between (its voluntary context switches, ``/proc/PID/task/TID/status``), else its CPU time. A
+thread awake for at least :data:`SPIN_SHARE` of the gap never went to sleep: it is a *spinner*.
+The gaps of consecutive batches are summed until they reach :data:`MIN_GAP_S`: under load a
+worker runs its batches back to back, tens of µs apart. (Two rules before this one missed
+spinners exactly where they hurt: its CPU time alone, with the gateway and the client on both
+cores of the VM, was 0.35–0.47 of a gap it spun through, and a CI run judged none a spinner;
+one gap alone, discarded when under :data:`MIN_GAP_S`, never judged anything at c32, where the
+spinner of the benchmark's ``model.py`` then took 0.4 of a core: stop 34.) From then on it runs
+at ``SCHED_IDLE`` (``sched(7)``: only on a CPU no other thread wants, and any thread waking
+preempts it) except while a batch computes: the thread that computes it (the model's, or the
+event loop for a batch run inline) moves it to ``SCHED_OTHER`` as the computation starts and
+back as it returns (:meth:`SpinWatch.busy`, :meth:`SpinWatch.idle`), so it computes its share
+of a batch at the normal policy, and neither the model's thread waiting to run a batch nor the
+loop waiting to take its result waits behind it. Kept at ``SCHED_IDLE`` through the batches as
+well, an OpenMP pool (static shares: every run waits for each thread's) ran a PyTorch matmul
+20–30× slower with the cores busy, and ONNX Runtime's batches took 0.7–1.2 ms instead of ~0.5
+(docs/benchmarks.md, "Stop 27"). Moving a thread back from ``SCHED_IDLE`` needs root,
+``CAP_SYS_NICE`` or an ``RLIMIT_NICE`` allowing nice 0; a process without it
+(:func:`can_restore`) leaves its threads alone.
 
-Linux only (``os.sched_setscheduler`` with ``SCHED_IDLE`` and per-thread ``schedstat``); elsewhere,
+Linux only (``os.sched_setscheduler`` with ``SCHED_IDLE``, thread CPU clocks and ``/proc``); elsewhere,
 or with ``--demote-spinning-threads false``, :func:`watch` returns None and nothing is read.
 """
 
@@ -42,29 +47,65 @@ import logging
 import os
 import threading
 import time
+from typing import NamedTuple
 
 logger = logging.getLogger(__name__)
 
-#: Seconds between two looks at the threads (each costs a listing of ``/proc/self/task`` and
-#: one ``schedstat`` read per native thread, twice).
+#: Seconds between two judgments (each costs a listing of ``/proc/self/task``, then per native
+#: thread two reads of its ``status`` and CPU clock for each gap summed: ~30 µs a read).
 CHECK_S = 1.0
-#: Share of the gap between two batches a thread must be runnable (on a CPU or in a run queue)
-#: to count as busy-waiting.
+#: Share of the gaps between batches a thread must be awake (:func:`awake_ns`) to count as
+#: busy-waiting.
 SPIN_SHARE = 0.5
-#: Shortest gap between batches that is judged (seconds): a shorter one says too little.
+#: Time between batches a judgment needs (seconds): a shorter gap says too little, so the
+#: gaps of consecutive batches are summed until they reach it (under load a worker runs its
+#: batches back to back, tens of µs apart: the summing is what finds a spinner there).
 MIN_GAP_S = 0.0005
+#: Most gaps one judgment sums (then it is dropped, and the next comes a check period later).
+MAX_GAPS = 64
 
 _TASKS = "/proc/self/task"
 
 
-def runnable_ns(tid: int) -> int:
-    """Nanoseconds thread ``tid`` of this process has been runnable: on a CPU plus waiting in a
-    run queue (the first two fields of ``/proc/self/task/TID/schedstat``,
-    ``Documentation/scheduler/sched-stats.rst``). Raises :class:`OSError` when the thread is gone
-    (or the kernel keeps no such file: no ``CONFIG_SCHED_INFO``)."""
-    with open(f"{_TASKS}/{tid}/schedstat", "rb") as file:
-        on_cpu, waiting = file.read().split()[:2]
-    return int(on_cpu) + int(waiting)
+def thread_cpu_ns(tid: int) -> int:
+    """CPU time (ns) of thread ``tid`` of this process, from its per-thread CPU clock (Linux's
+    ``MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED)``, ``include/linux/posix-timers.h``: the
+    clock id ``(~tid << 3) | 6``; exact, where ``schedstat`` lags a running thread by up to a
+    tick). Raises :class:`OSError` when the thread is gone."""
+    return time.clock_gettime_ns(((~tid) << 3) | 6)
+
+
+class Reading(NamedTuple):
+    """One look at a thread."""
+
+    cpu_ns: int  # its CPU clock
+    sleeps: int  # voluntary context switches so far: each one a sleep (``sched(7)``, ``proc(5)``)
+    runnable: bool  # state R: on a CPU or in a run queue
+
+
+def read_thread(tid: int) -> Reading:
+    """Thread ``tid`` of this process now: its CPU clock, and ``State`` and
+    ``voluntary_ctxt_switches`` of ``/proc/self/task/TID/status`` (``proc(5)``). Raises
+    :class:`OSError` when the thread is gone."""
+    cpu_ns = thread_cpu_ns(tid)
+    with open(f"{_TASKS}/{tid}/status", "rb") as file:
+        status = file.read()
+    try:
+        state = status[status.index(b"\nState:") + 7:].lstrip()[:1]
+        at = status.index(b"\nvoluntary_ctxt_switches:") + 25
+        sleeps = int(status[at:status.index(b"\n", at)])
+    except ValueError as exc:  # not Linux's layout
+        raise OSError(f"unreadable status of thread {tid}") from exc
+    return Reading(cpu_ns, sleeps, state == b"R")
+
+
+def awake_ns(before: Reading, after: Reading, gap_ns: int) -> int:
+    """Of ``gap_ns`` between two readings of a thread, how long it was awake: all of it when it
+    was runnable at both and did not sleep between (no voluntary switch; on a busy machine its
+    CPU time is a fraction of that: it waited in a run queue, never asleep), else its CPU time."""
+    if before.runnable and after.runnable and before.sleeps == after.sleeps:
+        return gap_ns
+    return min(after.cpu_ns - before.cpu_ns, gap_ns)
 
 
 def native_threads() -> list[int]:
@@ -105,61 +146,92 @@ def can_restore() -> bool:
 
 class SpinWatch:
     """Finds busy-waiting framework threads between batches and keeps them at ``SCHED_IDLE``
-    between batches only (module doc). The executor calls :meth:`batch_started` before each
-    batch (its version's load included) and :meth:`batch_ended` after it."""
+    outside the batches' computations (module doc). The executor calls :meth:`batch_started`
+    before each batch (its version's load included) and :meth:`batch_ended` after it; the
+    thread that computes the batch (the model's, or the loop for a batch run inline) calls
+    :meth:`busy` as the computation starts and :meth:`idle` as it returns."""
 
     def __init__(self, check_s: float = CHECK_S) -> None:
         self.check_s = check_s
         self.spinners: set[int] = set()  # threads found busy-waiting between batches
-        self._next = 0.0  # monotonic: the next batch end that takes a reading
-        self._reading: dict[int, int] = {}  # tid -> CPU ns at the last batch end
+        self._next = 0.0  # monotonic: the next batch end that opens a judgment
+        self._reading: dict[int, Reading] = {}  # tid -> its reading at the last batch end
         self._read_at: float | None = None
-        self._policy = os.SCHED_OTHER  # where the spinners are now
+        self._awake: dict[int, int] = {}  # the judged threads -> ns awake summed over the gaps
+        self._summed_s = 0.0  # the gaps' time so far
+        self._gaps = 0
+        self._policy = os.SCHED_OTHER  # where the spinners are now (a new one: SCHED_OTHER)
+
+    def busy(self) -> None:
+        """The spinners to ``SCHED_OTHER`` now, for their share of the batch: called by the
+        thread that computes it as the computation starts, not as the loop hands it over (on
+        a busy machine the model's thread waits in a run queue first, where the spinners at
+        the normal policy would hold a CPU others wait for)."""
+        self._move(os.SCHED_OTHER)
 
     def idle(self) -> None:
         """The spinners to ``SCHED_IDLE`` now: called by the model's thread as a batch's
-        computation returns, before the event loop that awaits it wakes (on a busy machine that
-        wake-up waits in a run queue, where the spinners at the normal policy would hold a CPU
-        the loop waits for); :meth:`batch_ended` then has nothing left to move."""
+        computation returns, before the event loop that awaits it wakes (that wake-up, too,
+        may wait in a run queue); :meth:`batch_ended` then has nothing left to move."""
         self._move(os.SCHED_IDLE)
 
     def batch_ended(self) -> None:
-        """The spinners to ``SCHED_IDLE``; once a :attr:`check_s`, a reading of how long the
-        other native threads have been runnable."""
+        """The spinners to ``SCHED_IDLE``; once a :attr:`check_s` (and at the ends after it,
+        while its judgment sums gaps), a reading of how long the other native threads have
+        been runnable."""
         self._move(os.SCHED_IDLE)
-        now = time.monotonic()
-        if now < self._next:
-            return
-        self._next = now + self.check_s
+        if not self._gaps:
+            now = time.monotonic()
+            if now < self._next:
+                return
+            self._next = now + self.check_s
+            self._awake = {tid: 0 for tid in self._candidates()}
         self._reading = {}
-        for tid in native_threads():
+        for tid in list(self._awake):
             try:
-                if tid not in self.spinners and os.sched_getscheduler(tid) != os.SCHED_IDLE:
-                    self._reading[tid] = runnable_ns(tid)
+                self._reading[tid] = read_thread(tid)
             except OSError:
-                continue
+                del self._awake[tid]
         self._read_at = time.monotonic()
 
     def batch_started(self) -> None:
-        """Each thread read at the last end that was runnable for :data:`SPIN_SHARE` of the
-        time since joins the spinners; the spinners back to ``SCHED_OTHER`` for the batch."""
-        if self._read_at is not None:
-            self._judge(time.monotonic() - self._read_at)
-        self._move(os.SCHED_OTHER)
-
-    def _judge(self, gap_s: float) -> None:
-        self._read_at, reading, self._reading = None, self._reading, {}
-        if gap_s < MIN_GAP_S:
+        """The gap since the last reading is summed; once the gaps reach :data:`MIN_GAP_S`,
+        each thread runnable for :data:`SPIN_SHARE` of them joins the spinners (they stay at
+        ``SCHED_IDLE`` until :meth:`busy`)."""
+        if self._read_at is None:
             return
-        for tid, before in reading.items():
+        gap_s, self._read_at = time.monotonic() - self._read_at, None
+        for tid, before in self._reading.items():
             try:
-                share = (runnable_ns(tid) - before) / 1e9 / gap_s
+                self._awake[tid] += awake_ns(before, read_thread(tid), int(gap_s * 1e9))
+            except OSError:
+                self._awake.pop(tid, None)
+        self._summed_s += gap_s
+        self._gaps += 1
+        if self._summed_s >= MIN_GAP_S:
+            self._judge()
+        if self._summed_s >= MIN_GAP_S or self._gaps >= MAX_GAPS:
+            self._awake, self._reading, self._summed_s, self._gaps = {}, {}, 0.0, 0
+
+    def _candidates(self) -> list[int]:
+        """The native threads not yet spinners and not at ``SCHED_IDLE`` already."""
+        found = []
+        for tid in native_threads():
+            try:
+                if tid not in self.spinners and os.sched_getscheduler(tid) != os.SCHED_IDLE:
+                    found.append(tid)
             except OSError:
                 continue
+        return found
+
+    def _judge(self) -> None:
+        for tid, awake in self._awake.items():
+            share = awake / 1e9 / self._summed_s
             if share >= SPIN_SHARE:
                 self.spinners.add(tid)
-                logger.info("thread %d busy-waited between batches (runnable %.0f %% of %.1f ms): it "
-                            "runs at SCHED_IDLE between batches from now", tid, share * 100, gap_s * 1e3)
+                logger.info("thread %d busy-waited between batches (awake %.0f %% of %.2f ms over %d "
+                            "gaps): it runs at SCHED_IDLE outside batches from now", tid, share * 100,
+                            self._summed_s * 1e3, self._gaps)
 
     def _move(self, policy: int) -> None:
         if policy == self._policy:
@@ -175,7 +247,7 @@ def watch(enabled: bool) -> SpinWatch | None:
     if not enabled or not hasattr(os, "SCHED_IDLE") or not os.path.isdir(_TASKS):
         return None
     try:
-        runnable_ns(threading.get_native_id())
+        read_thread(threading.get_native_id())
     except OSError:
         return None
     if not can_restore():

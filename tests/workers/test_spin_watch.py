@@ -14,6 +14,7 @@ import threading
 import time
 
 import numpy as np
+import psutil
 import pytest
 
 from workers import execution, spin_watch
@@ -59,7 +60,7 @@ def batches(watch: SpinWatch, run, count: int = 5, gap_s: float = 0.01) -> None:
     """``count`` batches as the executor runs them, ``gap_s`` apart (no model code between)."""
     for _ in range(count):
         watch.batch_started()
-        run()
+        execution._with_spinners(watch, run)
         watch.batch_ended()
         time.sleep(gap_s)
 
@@ -74,7 +75,9 @@ def test_a_spinning_onnx_runtime_pool_thread_goes_to_sched_idle(tmp_path):
     assert watch.spinners <= idle_threads() - before  # between batches
     python = {t.native_id for t in threading.enumerate()}
     assert not watch.spinners & python
-    watch.batch_started()  # during a batch: the normal policy, a full share of the run
+    watch.batch_started()  # handed over, not computing yet: still idle
+    assert watch.spinners <= idle_threads()
+    watch.busy()  # computing: the normal policy, a full share of the run
     assert not watch.spinners & idle_threads()
     assert all(os.sched_getscheduler(tid) == os.SCHED_OTHER for tid in watch.spinners)
     watch.batch_ended()
@@ -82,8 +85,9 @@ def test_a_spinning_onnx_runtime_pool_thread_goes_to_sched_idle(tmp_path):
     np.testing.assert_array_equal(sess.run(None, {"x": x})[0], np.full((ROWS, WIDTH), WIDTH, np.float32))
 
 
-def test_the_model_thread_moves_the_spinners_as_its_call_returns(tmp_path):
-    """A batch run in the model's thread leaves its spinners at SCHED_IDLE as the call returns,
+def test_the_model_thread_runs_the_spinners_at_the_normal_policy_for_its_call_only(tmp_path):
+    """A batch run in the model's thread: its spinners stay at SCHED_IDLE while the call waits
+    for the thread, are at SCHED_OTHER while it runs, and at SCHED_IDLE again as it returns,
     before the awaiting loop runs again (its ``batch_ended`` then moves nothing)."""
     sess = session(True, tmp_path / "m.onnx")
     x = np.ones((ROWS, WIDTH), np.float32)
@@ -92,18 +96,22 @@ def test_the_model_thread_moves_the_spinners_as_its_call_returns(tmp_path):
     assert watch.spinners, "the spinning pool thread was not found"
     thread = ModelThread()
 
-    async def one_batch() -> tuple[set[int], set[int]]:
-        watch.batch_started()
-        during = watch.spinners & idle_threads()
-        await thread.run(execution._then_idle, watch, sess.run, None, {"x": x})
-        return during, watch.spinners - idle_threads()
+    def compute() -> set[int]:
+        sess.run(None, {"x": x})
+        return watch.spinners & idle_threads()
 
-    during, not_idle = asyncio.run(one_batch())
-    assert during == set() and not_idle == set()
+    async def one_batch() -> tuple[set[int], set[int], set[int]]:
+        watch.batch_started()
+        handed = watch.spinners - idle_threads()
+        running = await thread.run(execution._with_spinners, watch, compute)
+        return handed, running, watch.spinners - idle_threads()
+
+    handed, running, returned = asyncio.run(one_batch())
+    assert (handed, running, returned) == (set(), set(), set())
 
 
 def test_a_spinner_that_shares_its_core_with_busy_processes_is_found(tmp_path):
-    """With two busy processes on its core the pool thread runs for about a third of each gap:
+    """With four busy processes on its core the pool thread runs for about a fifth of each gap:
     its CPU time alone is under :data:`SPIN_SHARE`, yet it never sleeps (the gateway and the
     client on both cores of a 2-core machine, as in the e2e test)."""
     sess = session(True, tmp_path / "m.onnx")
@@ -111,10 +119,13 @@ def test_a_spinner_that_shares_its_core_with_busy_processes_is_found(tmp_path):
     cpu = min(os.sched_getaffinity(0))
     tids = [int(name) for name in os.listdir("/proc/self/task")]
     saved = {tid: os.sched_getaffinity(tid) for tid in tids}
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(4)]
     try:
         for pid in [hog.pid for hog in hogs] + tids:
             os.sched_setaffinity(pid, {cpu})
+        for hog in hogs:  # each in its loop (past Python's start) before the batches
+            while sum(psutil.Process(hog.pid).cpu_times()[:2]) < 0.2:
+                time.sleep(0.02)
         watch = SpinWatch(check_s=0.0)
         batches(watch, lambda: sess.run(None, {"x": x}), count=8)
     finally:
@@ -150,15 +161,29 @@ def test_readings_are_taken_once_a_check_period():
     watch = SpinWatch(check_s=60.0)
     watch.batch_ended()
     first = watch._read_at
+    time.sleep(spin_watch.MIN_GAP_S * 2)  # one gap long enough: judged, the judgment closed
     watch.batch_started()
     watch.batch_ended()
     assert first is not None and watch._read_at is None  # the second end is inside the period
 
 
+def test_short_gaps_are_summed_until_they_can_be_judged(tmp_path):
+    """Batches back to back (gaps of ~0.1 ms, each under MIN_GAP_S, as a worker under load
+    runs them): the gaps are summed, and the spinning pool thread is found."""
+    sess = session(True, tmp_path / "m.onnx")
+    x = np.ones((ROWS, WIDTH), np.float32)
+    for _ in range(3):  # a pool that has run: spinning after each run
+        sess.run(None, {"x": x})
+    watch = SpinWatch(check_s=60.0)  # one judgment only
+    batches(watch, lambda: sess.run(None, {"x": x}), count=spin_watch.MAX_GAPS, gap_s=0.0001)
+    assert watch.spinners, "the spinning pool thread was not found"
+    assert watch.spinners <= idle_threads()
+
+
 def test_a_gone_thread_is_skipped():
     assert not spin_watch.set_policy(2**22 + 12345, os.SCHED_IDLE)  # no such thread
     with pytest.raises(OSError):
-        spin_watch.runnable_ns(2**22 + 12345)
+        spin_watch.read_thread(2**22 + 12345)
 
 
 def test_the_setting_turns_it_off_and_a_process_that_cannot_restore_leaves_threads_alone(monkeypatch):
