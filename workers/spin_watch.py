@@ -196,8 +196,9 @@ class SpinWatch:
 
     def batch_started(self) -> None:
         """The gap since the last reading is summed; once the gaps reach :data:`MIN_GAP_S`,
-        each thread runnable for :data:`SPIN_SHARE` of them joins the spinners (they stay at
-        ``SCHED_IDLE`` until :meth:`busy`)."""
+        each thread runnable for :data:`SPIN_SHARE` of them joins the spinners, moved at once to
+        their policy (``SCHED_IDLE`` here, until :meth:`busy`: :meth:`_move` moves only on a
+        change, so a batch that fails before it computes would leave it at ``SCHED_OTHER``)."""
         if self._read_at is None:
             return
         gap_s, self._read_at = time.monotonic() - self._read_at, None
@@ -227,7 +228,7 @@ class SpinWatch:
     def _judge(self) -> None:
         for tid, awake in self._awake.items():
             share = awake / 1e9 / self._summed_s
-            if share >= SPIN_SHARE:
+            if share >= SPIN_SHARE and set_policy(tid, self._policy):  # where the others are
                 self.spinners.add(tid)
                 logger.info("thread %d busy-waited between batches (awake %.0f %% of %.2f ms over %d "
                             "gaps): it runs at SCHED_IDLE outside batches from now", tid, share * 100,

@@ -198,3 +198,24 @@ def test_a_spinner_gone_is_dropped():
     watch.spinners = {2**22 + 12345}
     watch.batch_ended()
     assert watch.spinners == set()
+
+
+def test_a_spinner_found_as_a_batch_starts_is_idle_though_the_batch_never_computes(tmp_path):
+    """A spinner is judged as a batch starts (:meth:`SpinWatch.batch_started`); when that
+    batch fails before its computation (its version's load, a feed the backend refuses), no
+    ``busy``/``idle`` follows: the spinner is at SCHED_IDLE all the same, from its judgment
+    through the batch's end, not left at the normal policy spinning."""
+    sess = session(True, tmp_path / "m.onnx")
+    x = np.ones((ROWS, WIDTH), np.float32)
+    watch = SpinWatch(check_s=0.0)
+    for _ in range(20):
+        watch.batch_ended()  # the previous batch's end: a reading
+        sess.run(None, {"x": x})  # the pool spins from here (no batch of the watch's: no busy)
+        time.sleep(0.002)
+        watch.batch_started()  # judged here; then the batch fails before it computes
+        if watch.spinners:
+            break
+    assert watch.spinners, "the spinning pool thread was not found"
+    assert watch.spinners <= idle_threads()  # at SCHED_IDLE from the judgment on
+    watch.batch_ended()
+    assert watch.spinners <= idle_threads()
