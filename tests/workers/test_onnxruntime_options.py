@@ -94,3 +94,31 @@ def save_model(path, op: str, weights: list[float]) -> None:
         [helper.make_tensor("w", TensorProto.FLOAT, [2, 2], weights)],
     )  # fmt: skip
     save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), path)
+
+
+def test_a_left_out_optional_input_fails_as_session_run_says_it(tmp_path):
+    """A config may mark an input ``optional`` that the graph needs: a request without it
+    reaches the backend. The binding's run does not check for it (a kernel fails, its message
+    a source line of ONNX Runtime's); the backend answers as ``InferenceSession.run`` did:
+    a ValueError naming the missing input (500, "inference failed: Required inputs ...")."""
+    from onnx import TensorProto, helper, save  # noqa: PLC0415
+
+    from workers.backends.onnxruntime import OnnxRuntimeBackend  # noqa: PLC0415
+
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["a", "b"], ["y"])], "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [None, 2]) for n in ("a", "b")],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 2])],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    save(model, tmp_path / "m.onnx")
+    backend = OnnxRuntimeBackend(tmp_path / "m.onnx", "cpu")
+    assert backend._run is not None
+    a = np.ones((1, 2), np.float32)
+    with pytest.raises(ValueError) as wrapper:
+        backend.session.run(["y"], {"a": a})
+    with pytest.raises(ValueError) as ours:
+        backend.infer({"a": a}, [])
+    assert str(ours.value) == str(wrapper.value)
+    assert str(ours.value) == "Required inputs (['b']) are missing from input feed (['a'])."
+    assert backend.infer({"a": a, "b": a}, [])["y"].tolist() == [[2.0, 2.0]]
