@@ -161,6 +161,9 @@ class SpinWatch:
         self._summed_s = 0.0  # the gaps' time so far
         self._gaps = 0
         self._policy = os.SCHED_OTHER  # where the spinners are now (a new one: SCHED_OTHER)
+        #: The model's thread moves the spinners as a batch returns; a caller cancelled meanwhile
+        #: (shutdown) lets the loop go on to the next batch, so both may move them at once.
+        self._lock = threading.Lock()
 
     def busy(self) -> None:
         """The spinners to ``SCHED_OTHER`` now, for their share of the batch: called by the
@@ -215,9 +218,14 @@ class SpinWatch:
             self._awake, self._reading, self._summed_s, self._gaps = {}, {}, 0.0, 0
 
     def _candidates(self) -> list[int]:
-        """The native threads not yet spinners and not at ``SCHED_IDLE`` already."""
+        """The native threads not yet spinners and not at ``SCHED_IDLE`` already. A spinner
+        no longer among this process's threads is forgotten here: its thread id may be given
+        to another thread, of any process, which must not be moved."""
+        threads = native_threads()
+        with self._lock:
+            self.spinners.intersection_update(threads)
         found = []
-        for tid in native_threads():
+        for tid in threads:
             try:
                 if tid not in self.spinners and os.sched_getscheduler(tid) != os.SCHED_IDLE:
                     found.append(tid)
@@ -228,18 +236,23 @@ class SpinWatch:
     def _judge(self) -> None:
         for tid, awake in self._awake.items():
             share = awake / 1e9 / self._summed_s
-            if share >= SPIN_SHARE and set_policy(tid, self._policy):  # where the others are
+            if share < SPIN_SHARE:
+                continue
+            with self._lock:
+                if not set_policy(tid, self._policy):  # where the others are
+                    continue
                 self.spinners.add(tid)
                 logger.info("thread %d busy-waited between batches (awake %.0f %% of %.2f ms over %d "
                             "gaps): it runs at SCHED_IDLE outside batches from now", tid, share * 100,
                             self._summed_s * 1e3, self._gaps)
 
     def _move(self, policy: int) -> None:
-        if policy == self._policy:
-            return
-        self._policy = policy
-        gone = [tid for tid in self.spinners if not set_policy(tid, policy)]
-        self.spinners.difference_update(gone)
+        with self._lock:
+            if policy == self._policy:
+                return
+            self._policy = policy
+            gone = [tid for tid in self.spinners if not set_policy(tid, policy)]
+            self.spinners.difference_update(gone)
 
 
 def watch(enabled: bool) -> SpinWatch | None:

@@ -14,7 +14,7 @@ import tritonclient.http as httpclient
 
 from workers import spin_watch
 
-pytestmark = pytest.mark.skipif(spin_watch.watch(True) is None, reason="Linux's SCHED_IDLE and schedstat")
+pytestmark = pytest.mark.skipif(spin_watch.watch(True) is None, reason="Linux's SCHED_IDLE and /proc")
 
 WIDTH = 256
 

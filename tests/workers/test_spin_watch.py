@@ -21,7 +21,7 @@ from workers import execution, spin_watch
 from workers.model_thread import ModelThread
 from workers.spin_watch import SpinWatch
 
-pytestmark = pytest.mark.skipif(spin_watch.watch(True) is None, reason="Linux's SCHED_IDLE and schedstat")
+pytestmark = pytest.mark.skipif(spin_watch.watch(True) is None, reason="Linux's SCHED_IDLE and /proc")
 
 ROWS, WIDTH = 64, 256
 
@@ -178,6 +178,26 @@ def test_short_gaps_are_summed_until_they_can_be_judged(tmp_path):
     batches(watch, lambda: sess.run(None, {"x": x}), count=spin_watch.MAX_GAPS, gap_s=0.0001)
     assert watch.spinners, "the spinning pool thread was not found"
     assert watch.spinners <= idle_threads()
+
+
+def test_a_spinner_gone_from_this_process_is_forgotten_before_its_id_is_moved():
+    """A spinner's thread exits and its id may be given to another thread, of any process: a
+    judgment opening forgets ids that are not this process's threads (another process's
+    thread stands for the reused id here), so the next batch does not move it."""
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        watch = SpinWatch(check_s=0.0)
+        watch.spinners.add(other.pid)
+        watch.idle()  # as the model's thread leaves a batch (the id is still a live thread)
+        os.sched_setscheduler(other.pid, os.SCHED_OTHER, os.sched_param(0))  # undo that move
+        watch.batch_ended()  # a judgment opens
+        assert other.pid not in watch.spinners
+        watch.busy()
+        watch.idle()
+        assert os.sched_getscheduler(other.pid) == os.SCHED_OTHER
+    finally:
+        other.kill()
+        other.wait()
 
 
 def test_a_gone_thread_is_skipped():
