@@ -46,7 +46,7 @@ class HiredisPacking:
     def pack_command(self, *args: Any) -> list[bytes]:
         for arg in args:
             if type(arg) is memoryview or (type(arg) is bytes and len(arg) > LARGE_ARG_BYTES):
-                return super().pack_command(*args)  # type: ignore[misc]
+                return self._chunking_pack(*args)
         if isinstance(args[0], str):  # a command name with spaces ("CONFIG GET") goes as words
             args = (*args[0].encode().split(), *args[1:])
         elif b" " in args[0]:
@@ -55,6 +55,15 @@ class HiredisPacking:
             return [hiredis.pack_command(args)]
         except TypeError:
             return super().pack_command(*args)  # type: ignore[misc]
+
+    def _chunking_pack(self, *args: Any) -> list[bytes]:
+        """redis-py's Python packer, which sends a value over its ``_buffer_cutoff`` as its own
+        chunk, uncopied: ``_pack_command_python`` since redis-py 8.2, whose ``pack_command``
+        packs with hiredis too (one buffer, every value copied in); ``pack_command`` before."""
+        python_pack = getattr(super(), "_pack_command_python", None)
+        if python_pack is not None:
+            return python_pack(*args)
+        return super().pack_command(*args)  # type: ignore[misc]
 
     async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
         """redis-py's send, without its ``asyncio.wait_for`` (in Python 3.11 a task and a timer
