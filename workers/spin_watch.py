@@ -180,8 +180,7 @@ class SpinWatch:
 
     def batch_ended(self) -> None:
         """The spinners to ``SCHED_IDLE``; once a :attr:`check_s` (and at the ends after it,
-        while its judgment sums gaps), a reading of how long the other native threads have
-        been runnable."""
+        while its judgment sums gaps), a reading of the other native threads (:func:`read_thread`)."""
         self._move(os.SCHED_IDLE)
         if not self._gaps:
             now = time.monotonic()
@@ -199,9 +198,10 @@ class SpinWatch:
 
     def batch_started(self) -> None:
         """The gap since the last reading is summed; once the gaps reach :data:`MIN_GAP_S`,
-        each thread runnable for :data:`SPIN_SHARE` of them joins the spinners, moved at once to
-        their policy (``SCHED_IDLE`` here, until :meth:`busy`: :meth:`_move` moves only on a
-        change, so a batch that fails before it computes would leave it at ``SCHED_OTHER``)."""
+        each thread awake for :data:`SPIN_SHARE` of them (:func:`awake_ns`) joins the spinners,
+        moved at once to their policy (``SCHED_IDLE`` here, until :meth:`busy`: :meth:`_move`
+        moves only on a change, so a batch that fails before it computes would leave it at
+        ``SCHED_OTHER``)."""
         if self._read_at is None:
             return
         gap_s, self._read_at = time.monotonic() - self._read_at, None
