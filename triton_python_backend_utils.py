@@ -191,16 +191,26 @@ class Tensor:
     def __init__(self, name: str, numpy_array: np.ndarray, triton_dtype: int | None = None):
         if not isinstance(numpy_array, np.ndarray):
             raise TritonModelException(f"tensor '{name}' must be created from a numpy array")
-        if numpy_array.dtype.type in (np.str_, np.void):
+        self._name = name
+        self._array = numpy_array
+        if triton_dtype is None:  # the common case: a native dtype of the table, one lookup
+            number = _NUMBER_OF_DTYPE.get(numpy_array.dtype)
+            self._triton_dtype = number if number is not None else self._number_of(numpy_array.dtype)
+            return
+        self._number_of(numpy_array.dtype)  # refuses str_ and void
+        if numpy_array.dtype != np.dtype(triton_to_numpy_type(triton_dtype)):
+            self._array = numpy_array.view(triton_to_numpy_type(triton_dtype))
+        self._triton_dtype = triton_dtype
+
+    @staticmethod
+    def _number_of(dtype: np.dtype) -> int | None:
+        """The ``DataType`` number of ``dtype``; raises for numpy ``str_`` and ``void``."""
+        if dtype.type in (np.str_, np.void):
             raise TritonModelException(
                 "Tensor dtype used for numpy_array is not supported by Python backend. "
                 "Please use np.object_ instead."
             )
-        if triton_dtype is not None and numpy_array.dtype != np.dtype(triton_to_numpy_type(triton_dtype)):
-            numpy_array = numpy_array.view(triton_to_numpy_type(triton_dtype))
-        self._name = name
-        self._array = numpy_array
-        self._triton_dtype = numpy_to_triton_type(numpy_array.dtype) if triton_dtype is None else triton_dtype
+        return numpy_to_triton_type(dtype)
 
     def __repr__(self) -> str:
         return f"Tensor({self._name!r}, dtype={self._array.dtype}, shape={self._array.shape})"
@@ -306,6 +316,22 @@ class InferenceRequest:
         self._trace = trace
         self._parameters = _parameters_json(parameters)
 
+    @classmethod
+    def _received(
+        cls, request_id: str, inputs: list[Tensor], requested_output_names: list[str], model_name: str,
+        model_version: int, timeout: int, parameters: str,
+    ) -> InferenceRequest:  # fmt: skip
+        """A request ``execute`` receives, built by the server (``workers.backends.python``)
+        from a validated request: the lists are the new request's own, ``parameters`` is JSON
+        already, and nothing is checked (~1 µs against ~2.2 for the keyword constructor)."""
+        request = cls.__new__(cls)
+        request._request_id, request._correlation_id, request._inputs = request_id, 0, inputs
+        request._requested_output_names, request._model_name = requested_output_names, model_name
+        request._model_version, request._flags, request._timeout = model_version, 0, timeout
+        request._preferred_memory = request._trace = None
+        request._parameters = parameters
+        return request
+
     def inputs(self) -> list[Tensor]:
         return self._inputs
 
@@ -387,7 +413,7 @@ class InferenceResponse:
             raise TritonModelException('"error" must be a TritonError.')
         self._output_tensors = output_tensors
         self._error = error
-        self._parameters = _parameters_json(parameters)
+        self._parameters = "{}" if parameters is None else _parameters_json(parameters)
 
     def output_tensors(self) -> list[Tensor]:
         return self._output_tensors
@@ -404,12 +430,21 @@ class InferenceResponse:
 
 def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
     """The request's input called ``name``, or None."""
-    return next((t for t in inference_request.inputs() if t.name() == name), None)
+    return _named(inference_request.inputs(), name)
 
 
 def get_output_tensor_by_name(inference_response: InferenceResponse, name: str) -> Tensor | None:
     """The response's output called ``name``, or None."""
-    return next((t for t in inference_response.output_tensors() if t.name() == name), None)
+    return _named(inference_response.output_tensors(), name)
+
+
+def _named(tensors: list[Tensor], name: str) -> Tensor | None:
+    """The first of ``tensors`` called ``name``, or None (a loop: ~2× a generator's speed
+    for the one or two tensors a request has, and every model calls it per request)."""
+    for tensor in tensors:
+        if tensor.name() == name:
+            return tensor
+    return None
 
 
 def _config_by_name(model_config: dict[str, Any], kind: str, name: str) -> dict[str, Any] | None:

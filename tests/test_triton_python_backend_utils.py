@@ -25,6 +25,44 @@ def test_tensor_holds_its_array_and_rejects_what_triton_rejects():
         pb_utils.Tensor("l", [1, 2])  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("array", "number"),
+    [(np.zeros(2, np.bool_), 1), (np.zeros(2, np.uint16), 3), (np.zeros(2, np.int64), 9),
+     (np.zeros(2, np.float16), 10), (np.zeros(2, np.float64), 12), (np.array([b"ab"]), 13),
+     (np.zeros(2, ">f4"), None), (np.zeros(2, np.complex64), None)],
+    ids=["bool", "uint16", "int64", "fp16", "fp64", "byte-string", "big-endian", "complex"],
+)  # fmt: skip
+def test_a_tensor_numbers_its_dtype_as_triton_does(array, number):
+    """The table lookup of the common case and the general rule give the same number
+    (``numpy_to_triton_type``; None for a dtype without one), and a void array is refused
+    as a ``str_`` one is."""
+    tensor = pb_utils.Tensor("t", array)
+    assert tensor.triton_dtype() == number == pb_utils.numpy_to_triton_type(array.dtype)
+    with pytest.raises(pb_utils.TritonModelException, match="np.object_"):
+        pb_utils.Tensor("v", np.zeros(2, dtype="V4"))
+    with pytest.raises(pb_utils.TritonModelException, match="np.object_"):
+        pb_utils.Tensor("u", np.array(["text"]), triton_dtype=13)
+
+
+def test_a_tensor_given_a_triton_dtype_views_its_array_as_that_type():
+    tensor = pb_utils.Tensor("t", np.zeros(2, np.int32), triton_dtype=11)
+    assert tensor.as_numpy().dtype == np.float32 and tensor.triton_dtype() == 11
+
+
+def test_a_received_request_answers_as_one_built_by_keywords():
+    """``InferenceRequest._received`` (the server's) and the keyword constructor (a model's
+    BLS request) give requests whose every accessor agrees."""
+    x = pb_utils.Tensor("x", np.zeros(1, dtype=np.float32))
+    built = pb_utils.InferenceRequest(request_id="7", inputs=[x], requested_output_names=["y"],
+                                      model_name="m", model_version=2, timeout=1500,
+                                      parameters={"k": "v"})  # fmt: skip
+    received = pb_utils.InferenceRequest._received("7", [x], ["y"], "m", 2, 1500, json.dumps({"k": "v"}))
+    accessors = ["request_id", "correlation_id", "inputs", "requested_output_names", "model_name",
+                 "model_version", "flags", "timeout", "parameters", "trace", "is_cancelled"]  # fmt: skip
+    for name in accessors:
+        assert getattr(received, name)() == getattr(built, name)(), name
+
+
 def test_response_outputs_and_errors():
     out = pb_utils.Tensor("OUT", np.ones(2, dtype=np.int64))
     response = pb_utils.InferenceResponse(output_tensors=[out])

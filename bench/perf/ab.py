@@ -14,6 +14,8 @@ Each tree runs with this checkout's ``.venv`` and its own sources first on ``PYT
 One tree twice with ``--change-arg`` compares two settings instead::
 
     .venv/bin/python -m bench.perf.ab --tree . --tree . --change-arg=--gateway-processes=2
+
+and ``--change-env NAME=VALUE`` an environment variable of the change's server only.
 """
 
 from __future__ import annotations
@@ -33,8 +35,11 @@ KINDS = ("server", "redis-server", "worker")
 def measure(tree: Path, args: argparse.Namespace, repo: Path) -> dict:
     """One server start of ``tree``: ``--warmup`` s of load, then ``--duration`` s measured."""
     workdir = ROOT / ".bench" / "logs" / "ab" / tree.resolve().name
-    extra = args.change_arg if tree is args.tree[1] else []
-    with running(start_naiad(repo, workdir, [args.model], extra_args=extra, tree=tree.resolve())) as server:
+    change = tree is args.tree[1]
+    extra = args.change_arg if change else []
+    env = dict(pair.split("=", 1) for pair in args.change_env) if change else {}
+    server = start_naiad(repo, workdir, [args.model], extra_args=extra, tree=tree.resolve(), env=env)
+    with running(server):
         url = server.grpc_url if args.protocol == "grpc" else server.http_url
         tgt = target(url, args.model, protocol=args.protocol, encoding=args.encoding)
         series = loadgen.run(lambda: loadgen.measure(
@@ -63,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--change-arg", action="append", default=[],
                    help="repeatable: a flag of the change's naiad serve only, e.g. "
                    "--change-arg=--gateway-processes=2 (with --tree . twice: one tree, two settings)")
+    p.add_argument("--change-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="repeatable: an environment variable of the change's naiad serve (and its "
+                   "workers) only, e.g. --change-env=PYTHONMALLOC=malloc")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--model", default="digits")
     p.add_argument("--concurrency", type=int, default=32)

@@ -36,7 +36,8 @@ from bench.perf.servers import running, start_naiad
 
 
 def server_processes(serve_pid: int) -> dict[str, psutil.Process]:
-    """``gateway`` (the ``naiad serve`` process), ``redis``, ``worker-PID`` for each worker."""
+    """``gateway`` (the ``naiad serve`` process), ``gateway-PID`` for each sibling gateway process
+    (``naiad_cli gateway``, ``gateway/siblings.py``), ``redis``, ``worker-PID`` for each worker."""
     root = psutil.Process(serve_pid)
     found = {"gateway": root}
     for child in root.children(recursive=True):
@@ -46,6 +47,8 @@ def server_processes(serve_pid: int) -> dict[str, psutil.Process]:
             continue
         if "redis-server" in cmd or child.name().startswith("redis"):
             found["redis"] = child
+        elif "naiad_cli gateway" in cmd:
+            found[f"gateway-{child.pid}"] = child
         elif "worker" in cmd:
             found[f"worker-{child.pid}"] = child
     return found

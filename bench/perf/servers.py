@@ -160,10 +160,12 @@ def start_naiad(
     extra_args: Sequence[str] = (),
     name: str = "naiad",
     tree: Path = ROOT,
+    env: dict[str, str] | None = None,
 ) -> Server:
     """``naiad serve`` with its embedded Redis; workers stay up between points (idle timeout 600 s).
     ``tree``: the source tree it runs from (another checkout of Naiad, for A/B runs:
-    :mod:`bench.perf.ab`), first on ``PYTHONPATH``."""
+    :mod:`bench.perf.ab`), first on ``PYTHONPATH``; ``env``: variables set for it (and so
+    for its workers) beside ours."""
     http, grpc, metrics = free_port(), free_port(), free_port()
     args = [
         sys.executable,
@@ -188,7 +190,7 @@ def start_naiad(
         "WARNING",
         *extra_args,
     ]
-    env = {"PYTHONPATH": str(tree)} if tree != ROOT else None
+    env = {**({"PYTHONPATH": str(tree)} if tree != ROOT else {}), **(env or {})}
     return _start(name, args, workdir, http, grpc, models, env=env, cwd=tree)
 
 

@@ -10,12 +10,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tritonclient.grpc import model_config_pb2 as mc
 
 import triton_python_backend_utils as pb_utils
+from naiad.datatypes import datatype_of
 from naiad.errors import InferenceFailed, ModelNotReady, NaiadError, Unsupported
 from naiad.inference import InferRequest, RequestedOutput, Tensor
 from repository_store import LocalStore, index_repository, parse_config
 from workers.backends import load_backend
+from workers.backends.python import OutputRule, output_fault
 
 CONFIG = """
 backend: "python"
@@ -259,3 +262,31 @@ def test_an_output_reshape_is_checked_on_the_model_side(tmp_path):
     backend = load(write_model(tmp_path, "n", RETURNS.replace("{tensors}", flat), config=config))
     (error,) = backend.execute_requests([request(1.0, rows=2)])
     assert "output 'Y' has shape [2, 4], its configuration expects [2, 2, 2]" in error.message
+
+
+@pytest.mark.parametrize(
+    "dims", [[4], [2, 2], [-1], [2, -1], []], ids=["fixed", "2d", "any", "partly-any", "scalar"]
+)  # fmt: skip
+@pytest.mark.parametrize("rows", [None, 1, 3])
+def test_an_output_that_fits_quickly_is_one_output_fault_accepts(dims, rows):
+    """``OutputRule.fits`` (the common case's quick yes) never says yes where
+    ``output_fault`` finds a fault, and says yes for an output of the config's own native
+    dtype and fixed shape; the datatype then sent is the one the general path would name."""
+    spec = mc.ModelOutput(name="Y", data_type=mc.TYPE_FP32, dims=dims)
+    rule = OutputRule.of(spec)
+    front = [] if rows is None else [rows]
+    own = [d if d > 0 else 3 for d in dims]
+    shapes = [front + own, front + [d + 1 for d in own], front + [4], front + [2, 2], front + [1, 4], front,
+              [5, 4]]  # fmt: skip
+    dtypes = [np.float32, np.dtype(">f4"), np.float64, np.int32, np.object_]
+    for shape in shapes:
+        for dtype in dtypes:
+            array = np.zeros(shape, dtype=dtype)
+            if rule.fits(array, rows):
+                assert output_fault(rule, array, rows) is None, (shape, dtype)
+                assert datatype_of(array.dtype) == rule.v2 == "FP32"
+    fitting = np.zeros(front + own, np.float32)
+    assert rule.fits(fitting, rows) == (-1 not in dims)
+    assert output_fault(rule, fitting, rows) is None
+    assert not OutputRule.of(mc.ModelOutput(name="S", data_type=mc.TYPE_STRING, dims=[1])).fits(
+        np.array([[b"x"]], dtype=np.object_), None)  # BYTES: the general path decides

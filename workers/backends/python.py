@@ -47,7 +47,7 @@ import os
 import sys
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any, NamedTuple
@@ -56,7 +56,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 import triton_python_backend_utils as pb_utils
-from naiad.datatypes import datatype_of, datatype_to_config
+from naiad.datatypes import NUMPY_DTYPES, config_to_datatype, datatype_of, datatype_to_config
 from naiad.errors import (
     AlreadyExists,
     DeadlineExceeded,
@@ -130,16 +130,35 @@ def instance_args(version_dir: Path, config: mc.ModelConfig, device: str) -> dic
 class OutputRule(NamedTuple):
     """What :func:`output_fault` checks of one config output, read out of it once: its
     ``name``, its config ``datatype`` (``TYPE_FP32``) and ``dims`` (``reshape.shape`` when
-    given, else ``dims``)."""
+    given, else ``dims``); for :meth:`fits`, the native numpy ``dtype`` of that datatype
+    (None for ``TYPE_STRING``), its v2 name ``v2`` (``FP32``), and ``fixed``, the dims as a
+    tuple when none is ``-1`` (else None)."""
 
     name: str
     datatype: str
     dims: list[int]
+    dtype: np.dtype | None
+    v2: str
+    fixed: tuple[int, ...] | None
 
     @classmethod
     def of(cls, spec: mc.ModelOutput) -> OutputRule:
         dims = list(spec.reshape.shape) if spec.HasField("reshape") else list(spec.dims)
-        return cls(spec.name, mc.DataType.Name(spec.data_type), dims)
+        datatype = mc.DataType.Name(spec.data_type)
+        v2 = config_to_datatype(datatype)
+        dtype = None if v2 == "BYTES" or v2 not in NUMPY_DTYPES else NUMPY_DTYPES[v2]
+        fixed = None if -1 in dims else tuple(dims)
+        return cls(spec.name, datatype, dims, dtype, v2, fixed)
+
+    def fits(self, array: np.ndarray, rows: int | None) -> bool:
+        """True when ``array`` is of this output's own native dtype and fixed shape (``rows``
+        in front when the model batches): the common case, told in a few tuple and dtype
+        compares (~0.3 µs against ~3.7 for :func:`output_fault` on the benchmark VM). False
+        says nothing: :func:`output_fault` then decides (other byte orders, ``-1`` dims,
+        BYTES, faults)."""
+        if self.fixed is None or self.dtype is None or array.dtype != self.dtype:
+            return False
+        return array.shape == (self.fixed if rows is None else (rows, *self.fixed))
 
 
 def output_fault(rule: OutputRule, array: np.ndarray, rows: int | None) -> str | None:
@@ -265,15 +284,16 @@ class PythonBackend:
         return list(responses)
 
     def _request(self, request: InferRequest) -> pb_utils.InferenceRequest:
-        parameters = {k: v for k, v in request.parameters.items() if k not in RESERVED_PARAMETERS}
-        return pb_utils.InferenceRequest(
-            request_id=request.id,
-            inputs=[pb_utils.Tensor(t.name, self._model_input(t)) for t in request.inputs],
-            requested_output_names=[o.name for o in request.outputs] or list(self.output_names),
-            model_name=self.config.name,
-            model_version=request.version,
-            timeout=int(request.parameters.get("timeout") or 0),
-            parameters=parameters,
+        given = request.parameters
+        parameters = {k: v for k, v in given.items() if k not in RESERVED_PARAMETERS} if given else None
+        return pb_utils.InferenceRequest._received(
+            request.id,
+            [pb_utils.Tensor(t.name, self._model_input(t)) for t in request.inputs],
+            [o.name for o in request.outputs] or list(self.output_names),
+            self.config.name,
+            request.version,
+            int(given.get("timeout") or 0) if given else 0,
+            json.dumps(parameters) if parameters else "{}",
         )
 
     def _model_input(self, tensor: Tensor) -> np.ndarray:
@@ -294,21 +314,29 @@ class PythonBackend:
         output the model gave goes back (Triton sends what the model produced)."""
         if response.has_error():
             return naiad_error(response.error())
-        wanted = request.requested_output_names()
-        given = {}
-        for tensor in response.output_tensors():
-            given.setdefault(tensor.name(), tensor)
-        missing = [name for name in wanted if name not in given]
-        if missing and named:
-            return InferenceFailed(self._missing_message(missing, given))
+        wanted = request.requested_output_names()  # no name twice (naiad.validation)
+        tensors = response.output_tensors()
+        if [tensor.name() for tensor in tensors] == wanted:
+            chosen: Iterable[tuple[str, pb_utils.Tensor]] = zip(wanted, tensors, strict=True)  # as asked
+        else:
+            given: dict[str, pb_utils.Tensor] = {}
+            for tensor in tensors:
+                given.setdefault(tensor.name(), tensor)
+            missing = [name for name in wanted if name not in given]
+            if missing and named:
+                return InferenceFailed(self._missing_message(missing, given))
+            chosen = [(name, tensor) for name, tensor in given.items() if name in wanted]
         outputs = []
-        for name in [n for n in given if n in wanted]:
-            array = given[name].as_numpy()
-            fault = output_fault(self.output_rules[name], array, rows)
-            if fault is not None:
+        for name, tensor in chosen:
+            array, rule = tensor.as_numpy(), self.output_rules[name]
+            if rule.fits(array, rows):
+                datatype = rule.v2
+            elif (fault := output_fault(rule, array, rows)) is not None:
                 return InferenceFailed(f"model '{self.config.name}' returned a bad output: {fault}")
+            else:
+                datatype = datatype_of(array.dtype)
             array = self._client_output(name, array)
-            outputs.append(Tensor(name, datatype_of(array.dtype), list(array.shape), array))
+            outputs.append(Tensor(name, datatype, list(array.shape), array))
         return outputs
 
     def _missing_message(self, missing: list[str], given: dict[str, Any]) -> str:
