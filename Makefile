@@ -1,5 +1,11 @@
 # Naiad: the two set-up commands (`make serve`, `make test`) and the demo.
-PYTHON ?= python3
+# The interpreter every venv is made with: the distribution's CPython 3.11 (/usr/bin/python3.11;
+# Debian and Ubuntu build it with PGO and LTO) where it can make venvs, else python3 on PATH.
+# A plain `./configure` build (pyenv's default) ran Naiad 1.13x slower at c1 and 1.34x at c32
+# here (docs/benchmarks.md, "Stop 35"). Another: make PYTHON=/path/to/python3.11 (after make clean).
+ifeq ($(origin PYTHON), undefined)
+PYTHON := $(shell /usr/bin/python3.11 -c 'import ensurepip, venv' >/dev/null 2>&1 && echo /usr/bin/python3.11 || echo python3)
+endif
 VENV := .venv
 BIN := $(VENV)/bin
 REPO ?= model_repository
@@ -46,7 +52,7 @@ test: install triton-venv
 
 # Benchmarks (docs/benchmarks.md). bench-setup: MLServer and KServe in their own venvs under .bench/.
 bench-setup: install
-	PYTRITON=$(PYTRITON) bash bench/peers/setup.sh
+	PYTHON=$(PYTHON) PYTRITON=$(PYTRITON) bash bench/peers/setup.sh
 
 bench-overhead bench-throughput bench-coldstart bench-cache: install
 	$(BIN)/python -m bench.scenarios $(@:bench-%=%) $(BENCH_ARGS)

@@ -5,7 +5,7 @@
 #   .bench/venvs/triton    nvidia-pytriton 0.7.0 (tritonserver 2.51, Python backend) + onnxruntime,
 #                          which bench/peers/digits_python/model.py imports (bench/peers/triton.py)
 # ONNX Runtime is pinned to the main venv's version, so every server runs the same kernels.
-# Idempotent: a venv whose stamp names the same packages is left alone.
+# Idempotent: a venv whose stamp names the same interpreter and packages is left alone.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 PYTHON=${PYTHON:-python3}
@@ -16,7 +16,8 @@ ORT_REQ=${ORT_REQ:-onnxruntime>=1.17}
 
 make_venv() {
   local name=$1; shift
-  local dir=$VENVS/$name want="$*"
+  local dir=$VENVS/$name want
+  want="$(readlink -f "$(command -v "$PYTHON")") $*"  # the interpreter too: another one makes it anew
   if [ -f "$dir/.stamp" ] && [ "$(cat "$dir/.stamp")" = "$want" ]; then
     echo "$name: up to date ($want)"; return
   fi

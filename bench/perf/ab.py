@@ -38,7 +38,9 @@ def measure(tree: Path, args: argparse.Namespace, repo: Path) -> dict:
     change = tree is args.tree[1]
     extra = args.change_arg if change else []
     env = dict(pair.split("=", 1) for pair in args.change_env) if change else {}
-    server = start_naiad(repo, workdir, [args.model], extra_args=extra, tree=tree.resolve(), env=env)
+    python = args.change_python if change and args.change_python else sys.executable
+    server = start_naiad(repo, workdir, [args.model], extra_args=extra, tree=tree.resolve(), env=env,
+                         python=python)
     with running(server):
         url = server.grpc_url if args.protocol == "grpc" else server.http_url
         tgt = target(url, args.model, protocol=args.protocol, encoding=args.encoding)
@@ -71,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--change-env", action="append", default=[], metavar="NAME=VALUE",
                    help="repeatable: an environment variable of the change's naiad serve (and its "
                    "workers) only, e.g. --change-env=PYTHONMALLOC=malloc")
+    p.add_argument("--change-python", help="the interpreter of the change's naiad serve (another venv's "
+                   "bin/python, Naiad installed there), e.g. another CPython build")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--model", default="digits")
     p.add_argument("--concurrency", type=int, default=32)

@@ -161,14 +161,15 @@ def start_naiad(
     name: str = "naiad",
     tree: Path = ROOT,
     env: dict[str, str] | None = None,
+    python: str = sys.executable,
 ) -> Server:
     """``naiad serve`` with its embedded Redis; workers stay up between points (idle timeout 600 s).
     ``tree``: the source tree it runs from (another checkout of Naiad, for A/B runs:
     :mod:`bench.perf.ab`), first on ``PYTHONPATH``; ``env``: variables set for it (and so
-    for its workers) beside ours."""
+    for its workers) beside ours; ``python``: the interpreter (of a venv with Naiad installed)."""
     http, grpc, metrics = free_port(), free_port(), free_port()
     args = [
-        sys.executable,
+        python,
         "-m",
         "naiad_cli",
         "serve",
