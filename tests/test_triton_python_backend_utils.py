@@ -34,10 +34,12 @@ def test_tensor_holds_its_array_and_rejects_what_triton_rejects():
 )  # fmt: skip
 def test_a_tensor_numbers_its_dtype_as_triton_does(array, number):
     """The table lookup of the common case and the general rule give the same number
-    (``numpy_to_triton_type``; None for a dtype without one), and a void array is refused
-    as a ``str_`` one is."""
+    (``numpy_to_triton_type``; None for a dtype without one)."""
     tensor = pb_utils.Tensor("t", array)
     assert tensor.triton_dtype() == number == pb_utils.numpy_to_triton_type(array.dtype)
+
+
+def test_void_and_str_arrays_are_refused_with_or_without_a_triton_dtype():
     with pytest.raises(pb_utils.TritonModelException, match="np.object_"):
         pb_utils.Tensor("v", np.zeros(2, dtype="V4"))
     with pytest.raises(pb_utils.TritonModelException, match="np.object_"):
