@@ -209,6 +209,12 @@ class DataPlane:
             raise Overloaded(f"the gateway carries {self.max_inflight} requests already; retry later")
         return _Admission(self)
 
+    def alone(self) -> bool:
+        """True while this gateway carries one inference request at most (:meth:`admit`): a
+        request handed to a worker now has no other to wait for (as Nagle's algorithm sends at
+        once when nothing is unacknowledged, RFC 896; :meth:`naiad.reply_channel.WorkerLink._send`)."""
+        return self._inflight <= 1
+
     async def close(self) -> None:
         """After the endpoints closed: cancel the shadow copies still waiting (their answers
         would be discarded anyway), finish writing rollback decisions, flush statistics."""

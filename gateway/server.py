@@ -193,6 +193,8 @@ async def run_gateway(settings: Settings, redis_url: str, stop: asyncio.Event) -
             shared_memory=SystemSharedMemory(settings.http_max_body_bytes),
         )
         dispatcher.stats_sink = dataplane.stats_writer.add  # a batch's statistics sent with its replies
+        if dispatcher.direct is not None:  # a request alone in this gateway is handed at once
+            dispatcher.direct.lone = dataplane.alone
         liveness = RedisLiveness(redis, settings.redis_down_grace_s)
         dataplane.liveness = liveness.live
         await stack.enter_async_context(_background(liveness.run()))

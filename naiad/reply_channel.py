@@ -205,6 +205,9 @@ class ReplyServer:
         self._server: asyncio.AbstractServer | None = None
         self._receivers: set[WorkerLink] = set()
         self._offers: dict[str, list[WorkerLink]] = {}  # model -> connections with an offer
+        #: True while the request being handed is the only one its gateway carries: its write
+        #: then goes at once (:meth:`WorkerLink._send`); set by the gateway (its data plane).
+        self.lone: Callable[[], bool] = _never
 
     @property
     def address(self) -> Address:
@@ -266,6 +269,10 @@ class ReplyServer:
 BURST_PART = 0.5
 
 
+def _never() -> bool:
+    return False
+
+
 class WorkerLink(asyncio.Protocol):
     """One worker's connection: frames in, handed to the server's callbacks; requests out
     (:meth:`hand`) while the worker offers them."""
@@ -313,10 +320,14 @@ class WorkerLink(asyncio.Protocol):
         burst while this gateway still reads the rest, so a closed loop of clients keeps two
         groups in flight, one in the worker and one here, instead of one that each side
         waits for in turn (``digits_python`` at c32 on 2 cores, one server, windows
-        alternating: 1.12–1.27× the throughput, docs/benchmarks.md "Stop 27")."""
+        alternating: 1.12–1.27× the throughput, docs/benchmarks.md "Stop 27"). A request
+        its gateway carries alone (:attr:`ReplyServer.lone`) goes now too: none could join it
+        (a c1 request: 3 ``epoll_pwait`` calls of the gateway instead of 5, "Stop 36")."""
         self._outgoing += parts
         self._outgoing_requests += requests
-        if requests and self._outgoing_requests >= max(1, math.ceil(self.offer_size * BURST_PART)):
+        if requests and (
+            self._outgoing_requests >= max(1, math.ceil(self.offer_size * BURST_PART)) or self.server.lone()
+        ):
             self._write_now()
             return
         if not self._sending:

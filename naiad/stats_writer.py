@@ -9,10 +9,12 @@ a write is in flight joins the next one: under load, one pipeline (one round tri
 the counters of every request that finished meanwhile, instead of one per request, its
 counters summed per field (:class:`Counters`). A write lingers :data:`LINGER_S` after its
 first counters (as Kafka's ``linger.ms``), unless a reader flushes first: one request at a
-time (c=1) then costs one statistics write per several requests instead of one each (a
+time (c=1) then costs one statistics write per tens of requests instead of one each (a
 write and a wake-up of Redis, and one of this process for its reply, each ~40–100 µs of CPU
-on a 2-core VM; docs/benchmarks.md "Stop 17"). A client answered here that then asks another
-gateway finds its counters there unless it asks within that time (no flush covers that case).
+on a 2-core VM; docs/benchmarks.md "Stop 17"; at 10 ms a c1 request still cost 3.4 Redis
+commands, at 100 ms 0.3: "Stop 36"). A client answered here that then asks another
+gateway finds its counters there unless it asks within that time (no flush covers that
+case), and a gateway killed (SIGKILL) loses the counters of its last :data:`LINGER_S` at most.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ logger = logging.getLogger(__name__)
 
 #: Seconds a statistics write waits after its first counters for more (a reader's flush
 #: sends it at once).
-LINGER_S = 0.01
+LINGER_S = 0.1
 
 #: Queues one request's counters on a pipeline (e.g. a partial of :func:`naiad.stats.add_request`).
 Add = Callable[[Pipeline], None]

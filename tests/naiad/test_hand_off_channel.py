@@ -107,6 +107,16 @@ async def until(condition, what: str, timeout_s: float = 5.0) -> None:
         await asyncio.sleep(0.005)
 
 
+async def offering(gw: Gateway, count: int):
+    """A worker connected to ``gw`` with an open offer of ``count`` requests; its link there."""
+    worker = Worker(gw.redis)
+    worker.sender.direct.offer_count = count
+    await worker.connect(gw)
+    await until(lambda: gw.server._offers.get(MODEL), "the offer")
+    (link,) = gw.server._offers[MODEL]
+    return worker, link
+
+
 def outputs(response) -> list[float]:
     return response.outputs[0].data.ravel().tolist()
 
@@ -329,11 +339,7 @@ def test_an_offer_of_a_batch_takes_a_burst_in_two_halves_and_the_rest_goes_throu
 
     async def scenario():
         async with Gateway(redis_url) as gw:
-            worker = Worker(gw.redis)
-            worker.sender.direct.offer_count = 4
-            await worker.connect(gw)
-            await until(lambda: gw.server._offers.get(MODEL), "the offer")
-            (link,) = gw.server._offers[MODEL]
+            worker, link = await offering(gw, 4)
             link.transport = counted = Counted(link.transport)
             calls = [asyncio.create_task(gw.dispatcher.infer(request(float(i)), 5)) for i in range(5)]
             handed = [await asyncio.wait_for(worker.handed.get(), 5) for _ in range(4)]
@@ -343,6 +349,30 @@ def test_an_offer_of_a_batch_takes_a_burst_in_two_halves_and_the_rest_goes_throu
             await worker.sender.send([(q, answer(q)) for q in handed + queued], offer=False)
             assert [outputs(await c)[0] for c in calls] == [0.0, 2.0, 4.0, 6.0, 8.0]
             assert sorted(q.entry_id == b"" for q in handed + queued) == [False, True, True, True, True]
+            worker.sender.direct.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("lone", [True, False])
+def test_a_request_alone_in_its_gateway_is_written_at_once_others_wait_for_company(redis_url, lone):
+    """A request handed while its gateway carries no other (``ReplyServer.lone``, the data
+    plane's count) goes down the socket in the loop turn that hands it, as Nagle's algorithm
+    sends when nothing is outstanding; otherwise it waits the turns that gather the requests
+    arriving with it (naiad.group_commit), so after one turn nothing is written yet."""
+
+    async def scenario():
+        async with Gateway(redis_url) as gw:
+            worker, link = await offering(gw, 8)
+            writes = []
+            real = link.transport.writelines
+            link.transport.writelines = lambda parts: (writes.append(len(parts) // 3), real(parts))
+            gw.server.lone = lambda: lone
+            call = asyncio.create_task(gw.dispatcher.infer(request(5.0), 5))
+            await asyncio.sleep(0)  # the call's first step: it hands the request
+            assert writes == ([1] if lone else [])
+            handed = await worker.serve_handed(offer=False)
+            assert outputs(await call) == [10.0] * 4 and handed.entry_id == b"" and writes == [1]
             worker.sender.direct.close()
 
     asyncio.run(scenario())
