@@ -354,12 +354,18 @@ def test_an_offer_of_a_batch_takes_a_burst_in_two_halves_and_the_rest_goes_throu
     asyncio.run(scenario())
 
 
-@pytest.mark.parametrize("lone", [True, False])
-def test_a_request_alone_in_its_gateway_is_written_at_once_others_wait_for_company(redis_url, lone):
+@pytest.mark.parametrize(
+    ("lone", "last_write", "at_once"), [(True, 1, True), (False, 1, False), (True, 5, False)]
+)
+def test_a_request_alone_in_its_gateway_is_written_at_once_others_wait_for_company(
+    redis_url, lone, last_write, at_once
+):
     """A request handed while its gateway carries no other (``ReplyServer.lone``, the data
     plane's count) goes down the socket in the loop turn that hands it, as Nagle's algorithm
-    sends when nothing is outstanding; otherwise it waits the turns that gather the requests
-    arriving with it (naiad.group_commit), so after one turn nothing is written yet."""
+    sends when nothing is outstanding, unless the link's last write carried several (a
+    closed loop's burst returning one by one: those are gathered); otherwise it waits the
+    turns that gather the requests arriving with it (naiad.group_commit), so after one turn
+    nothing is written yet."""
 
     async def scenario():
         async with Gateway(redis_url) as gw:
@@ -367,10 +373,10 @@ def test_a_request_alone_in_its_gateway_is_written_at_once_others_wait_for_compa
             writes = []
             real = link.transport.writelines
             link.transport.writelines = lambda parts: (writes.append(len(parts) // 3), real(parts))
-            gw.server.lone = lambda: lone
+            gw.server.lone, link._last_requests = (lambda: lone), last_write
             call = asyncio.create_task(gw.dispatcher.infer(request(5.0), 5))
             await asyncio.sleep(0)  # the call's first step: it hands the request
-            assert writes == ([1] if lone else [])
+            assert writes == ([1] if at_once else [])
             handed = await worker.serve_handed(offer=False)
             assert outputs(await call) == [10.0] * 4 and handed.entry_id == b"" and writes == [1]
             worker.sender.direct.close()
