@@ -88,6 +88,8 @@ class StatsWriter:
             self._done = asyncio.get_running_loop().create_future()
         self._adds.append(add)
         if self._writer is None:  # in a context of its own: its log records belong to no request
+            # made now, not when the task first runs: a flush in this loop turn hurries it too
+            self._hurry = asyncio.get_running_loop().create_future()
             self._writer = asyncio.create_task(self._write(), context=contextvars.Context())
         return self._done
 
@@ -108,12 +110,13 @@ class StatsWriter:
             self._hurry.set_result(None)
 
     async def _linger(self) -> None:
-        """Wait :data:`LINGER_S`, or until a flush (:meth:`flush`) asks for the write."""
-        loop = asyncio.get_running_loop()
-        self._hurry = loop.create_future()
-        timer = loop.call_later(LINGER_S, self._stop_lingering)
+        """Wait :data:`LINGER_S`, or until a flush (:meth:`flush`) asks for the write
+        (``_hurry``, made by :meth:`add` with this task)."""
+        hurry = self._hurry
+        assert hurry is not None
+        timer = asyncio.get_running_loop().call_later(LINGER_S, self._stop_lingering)
         try:
-            await self._hurry
+            await hurry
         finally:
             timer.cancel()
             self._hurry = None

@@ -173,6 +173,30 @@ def test_stats_writer_lingers_for_more_counters_until_a_flush(redis_url: str, mo
     assert got["inference_stats"]["success"] == {"count": 3, "ns": 600} and got["execution_count"] == 2
 
 
+def test_a_flush_in_the_turn_of_the_first_add_does_not_wait_the_linger(redis_url: str, monkeypatch) -> None:
+    """A reader's flush that comes in the loop turn that started a write (its task not run
+    yet: a reply frame's statistics and a scrape read together) sends it at once too, not
+    after ``LINGER_S``."""
+    from naiad import stats_writer  # noqa: PLC0415
+
+    monkeypatch.setattr(stats_writer, "LINGER_S", 30.0)
+
+    async def run() -> dict:
+        redis = connect(redis_url)
+        try:
+            writer = stats_writer.StatsWriter(redis)
+            for add in _adds("t"):
+                writer.add(add)
+            async with asyncio.timeout(5):  # in this turn (wait_for would flush in a task of its own)
+                await writer.flush()
+            return (await _read(redis_url, [("t", [1])]))[0]
+        finally:
+            await redis.aclose()
+
+    got = asyncio.run(run())
+    assert got["inference_stats"]["success"] == {"count": 3, "ns": 600} and got["execution_count"] == 2
+
+
 def test_a_malformed_add_is_dropped_not_the_write_nor_its_waiters(redis_url: str) -> None:
     """One add that raises (statistics that came malformed; the reply channel refuses those
     first, this is the writer's own guard) is logged and skipped: the others of its write are
