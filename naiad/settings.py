@@ -175,13 +175,6 @@ class Settings(BaseSettings):
     root, ``CAP_SYS_NICE`` or ``RLIMIT_NICE``, else off; ``--demote-spinning-threads false``
     leaves them alone)."""
 
-    sched_slice_us: int = Field(default=100, ge=0, le=100_000)
-    """The CPU time slice (µs) every Naiad process asks Linux's scheduler for
-    (``--sched-slice-us``; EEVDF's per-task slice, Linux 6.12+, clamped by the kernel to
-    100..100,000): a short one lets a gateway or worker run soon after it wakes, where the
-    processes of a request's chain share few CPUs (:mod:`naiad.time_slice`). 0: the kernel's
-    default slice. Workers and the embedded Redis inherit it."""
-
     warm_pool_size: int = Field(default=1, ge=0)
     """Generic worker processes the local scaler keeps started ahead of need (interpreter up,
     frameworks imported, connected to Redis, no model yet); a cold start claims one and pays

@@ -17,7 +17,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from naiad import eventloop, logs, procs, time_slice, tracing
+from naiad import eventloop, logs, procs, tracing
 from naiad import tasks as naiad_tasks
 from naiad.settings import Settings, parse_cache_config
 
@@ -45,8 +45,6 @@ COMMON_FLAGS = {
     "--log-error": ("log_error", _bool, "true or false: ERROR records"),
     "--demote-spinning-threads": ("demote_spinning_threads", _bool, "true or false: a worker runs its "
                                   "model's framework threads that busy-wait at SCHED_IDLE between batches"),
-    "--sched-slice-us": ("sched_slice_us", int, "CPU time slice in µs each Naiad process asks the "
-                         "scheduler for (Linux 6.12+; 100..100000; 0: the kernel's default)"),
 }
 # flag -> Settings field, for the scaler's policy (serve, scaler; workers read min and idle).
 SCALER_FLAGS = {
@@ -432,8 +430,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_deploy(args, settings)
         if args.command == "k8s":
             return cmd_k8s_render(args, settings)
-        if args.command in ("serve", "gateway", "scaler", "worker"):
-            time_slice.request_slice(settings.sched_slice_us)  # inherited by what it starts
         if args.command == "serve":
             return cmd_serve(settings)
         if args.command == "gateway":

@@ -96,7 +96,6 @@ class LocalScaler:
             *(f"--rate-limit-resource={value}" for value in self.settings.rate_limit_resource),
             *(["--rate-limit-host", self.settings.rate_limit_host] if self.settings.rate_limit_host else []),
             "--demote-spinning-threads", str(self.settings.demote_spinning_threads).lower(),
-            "--sched-slice-us", str(self.settings.sched_slice_us),
             *self.log_flags(),
         ]  # fmt: skip
 

@@ -70,7 +70,6 @@ def pool_command(settings: Settings, log_flags: Sequence[str]) -> list[str]:
         "--model-repository", settings.model_repository,
         "--cache-dir", str(settings.cache_dir),
         "--log-level", settings.log_level,
-        "--sched-slice-us", str(settings.sched_slice_us),
         *log_flags,
     ]  # fmt: skip
 
