@@ -342,10 +342,12 @@ class InferenceRequest:
     def correlation_id(self) -> int | str:
         return self._correlation_id
 
-    def requested_output_names(self) -> list[str]:
+    def requested_output_names(self) -> set[str]:
         """The outputs to return; for a request ``execute`` receives, every output of the
-        model when the client asked for none (as Triton's core fills them in)."""
-        return self._requested_output_names
+        model when the client asked for none (as Triton's core fills them in). A new ``set``
+        each call, as Triton 2.51's stub answers (its C++ ``std::set`` converted by pybind11;
+        asked of real Triton): a model that adds to it or empties it changes nothing."""
+        return set(self._requested_output_names)
 
     def model_name(self) -> str:
         return self._model_name

@@ -133,6 +133,10 @@ def _shape(raw: Any, name: str) -> list[int]:
 # JSON value kinds (numpy dtype.kind of the parsed list) each datatype kind accepts:
 # booleans only for BOOL, integers for integer types, integers or floats for float types.
 _ACCEPTS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
+#: What a refused value is, by the kind numpy gave the parsed JSON (its type code, e.g. ``<U1``,
+#: means nothing to a client), and what the datatype needs, by the kind of its numpy dtype.
+_JSON_KINDS = {"U": "string", "b": "boolean", "f": "floating-point number", "i": "number", "u": "number"}
+_NEEDS = {"b": "booleans", "i": "integers", "u": "integers", "f": "numbers"}
 
 
 def _flatten(data: Any) -> list[Any]:
@@ -163,7 +167,8 @@ def _numbers(data: Any, dtype: np.dtype) -> np.ndarray:
     if dtype.kind in "iu" and values.dtype.kind in "fO":
         return _big_integers(data, dtype)  # numpy parsed ints past int64 as float/object
     if values.size and values.dtype.kind not in _ACCEPTS[dtype.kind]:
-        raise ValueError(f"JSON values of kind '{values.dtype}' are not {dtype}")
+        kind = _JSON_KINDS.get(values.dtype.kind, "null, mixed or over-64-bit")
+        raise ValueError(f"JSON {kind} values are not {_NEEDS[dtype.kind]}")
     if dtype.kind in "iu" and values.size:  # by value: a cast back would hide a wrap-around
         info = np.iinfo(dtype)
         if int(values.min()) < info.min or int(values.max()) > info.max:

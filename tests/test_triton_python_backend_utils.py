@@ -89,7 +89,9 @@ def test_request_accessors_and_input_lookup():
     assert pb_utils.get_input_tensor_by_name(request, "x") is x
     assert pb_utils.get_input_tensor_by_name(request, "z") is None
     assert (request.model_name(), request.model_version(), request.request_id()) == ("m", -1, "7")
-    assert request.requested_output_names() == ["y"] and request.timeout() == 1500
+    assert request.requested_output_names() == {"y"} and request.timeout() == 1500
+    request.requested_output_names().add("z")  # a new set each call, as Triton's stub answers
+    assert request.requested_output_names() == {"y"}
     assert json.loads(request.parameters()) == {"k": "v", "n": 2}
     assert not request.is_cancelled()
     with pytest.raises(TypeError):

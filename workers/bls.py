@@ -84,7 +84,7 @@ class BlsClient:
             )
         infer = InferRequest(
             model=entry.name, version=version, inputs=[_tensor(t) for t in request.inputs()],
-            outputs=[RequestedOutput(name) for name in request.requested_output_names()],
+            outputs=[RequestedOutput(name) for name in request._requested_output_names],  # caller's order
             id=request.request_id(), parameters=_parameters(request),
         )  # fmt: skip
         client = await self._started()

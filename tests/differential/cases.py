@@ -510,6 +510,13 @@ def _model_cases() -> list[HttpCase]:
     cls = lambda n, name="OUTPUT0": [{"name": name, "parameters": {"classification": n}}]  # noqa: E731
     cases = [
         _case("add_sub/plain", "add_sub", _add_sub()),
+        *[
+            _case(f"asked/{'_'.join(names) or 'all'}", "asked", js({
+                "inputs": [jtensor("IN", "FP32", [1], [1.0])],
+                **({"outputs": [{"name": n} for n in names]} if names else {}),
+            }))  # fmt: skip
+            for names in [(), ("ASKED",), ("OTHER", "ASKED")]
+        ],
         _case("add_sub/class2", "add_sub", _add_sub(outputs=cls(2))),
         _case("add_sub/class10", "add_sub", _add_sub(outputs=cls(10))),
         _case("add_sub/class_int", "add_sub", _add_sub(outputs=cls(3, "OUTPUT1"))),

@@ -17,7 +17,9 @@ is a ``model.py``; each one runs unchanged on Triton and on Naiad. What each mod
 - ``failing``: ``CODE`` picks a ``TritonError`` code per request, 99 raises in ``execute``;
 - ``ens``: an ensemble of two ``add_sub`` steps;
 - ``args``, ``args_default`` (no instance group): answer ``initialize``'s ``args`` and the
-  ``model_config`` they hold.
+  ``model_config`` they hold;
+- ``asked``: ``ASKED`` is what ``requested_output_names()`` is (its type) and holds after the
+  model added to the first answer it got.
 """
 
 from __future__ import annotations
@@ -259,6 +261,34 @@ class TritonPythonModel:
                 for _ in requests]
 """
 
+ASKED_CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [
+  { name: "ASKED" data_type: TYPE_STRING dims: [ 2 ] },
+  { name: "OTHER" data_type: TYPE_FP32 dims: [ 1 ] }
+]
+"""
+
+ASKED_PY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            first = request.requested_output_names()
+            getattr(first, "add", getattr(first, "append", None))("OTHER")
+            seen = [type(first).__name__, ",".join(sorted(request.requested_output_names()))]
+            responses.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("ASKED", np.array([s.encode() for s in seen], dtype=np.object_)),
+                pb_utils.Tensor("OTHER", np.array([1.0], dtype=np.float32)),
+            ]))
+        return responses
+"""
+
 ENSEMBLE_CONFIG = """
 platform: "ensemble"
 max_batch_size: 0
@@ -314,6 +344,7 @@ def build_repository(root: pathlib.Path) -> pathlib.Path:
     _model(root, "cached", CACHED_CONFIG, CACHED_PY)
     _model(root, "failing", FAILING_CONFIG, FAILING_PY)
     _model(root, "ens", ENSEMBLE_CONFIG, None)
+    _model(root, "asked", ASKED_CONFIG, ASKED_PY)
     _model(root, "args", ARGS_CONFIG, ARGS_PY)
     _model(
         root,

@@ -126,13 +126,13 @@ def test_initialize_args_and_request_fields(client):
     seen = json.loads(result.as_numpy("REQUEST")[0])
     assert seen["request_id"] == "req-7"
     assert seen["parameters"] == {"color": "blue", "level": 3}
-    assert sorted(seen["requested_output_names"]) == ["ARGS", "REQUEST"]
+    assert seen["requested_output_names"] == ["ARGS", "REQUEST"]
     assert (seen["model_name"], seen["model_version"], seen["in"]) == ("inspect_args", 1, [7])
     assert seen["initialize_thread_local"]  # execute runs on initialize's thread, as in Triton
 
     every = client.infer("inspect_args", [tensor("IN", np.array([1], dtype=np.int32), "INT32")])
     assert every.as_numpy("EXTRA").tolist() == [1.5]  # no outputs asked: all of them
-    assert json.loads(every.as_numpy("REQUEST")[0])["requested_output_names"] == ["ARGS", "REQUEST", "EXTRA"]
+    assert json.loads(every.as_numpy("REQUEST")[0])["requested_output_names"] == ["ARGS", "EXTRA", "REQUEST"]
 
 
 def test_dynamic_batch_is_one_execute_with_per_request_errors(client):

@@ -145,6 +145,22 @@ def test_parse_rejects_malformed(body, length):
         parse_infer_request(body, length, "m", 1)
 
 
+@pytest.mark.parametrize(
+    ("datatype", "data", "kind"),
+    [("FP32", ["a", "b"], "string"), ("FP32", [True, False], "boolean"), ("FP32", [1, "x"], "string"),
+     ("FP64", [None, 1], "null, mixed or over-64-bit"), ("BOOL", [1, 0], "number")],
+)  # fmt: skip
+def test_json_data_of_the_wrong_kind_is_named_by_its_json_kind(datatype, data, kind):
+    """The refusal names the JSON kind of the values and what the datatype needs, never
+    numpy's type code (``'<U1'`` meant nothing to a client)."""
+    body = json.dumps({"inputs": [spec(datatype=datatype, data=data)]}).encode()
+    with pytest.raises(InvalidInput) as caught:
+        parse_infer_request(body, None, "m", 1)
+    needs = "booleans" if datatype == "BOOL" else "numbers"
+    expected = f"input 'x': data does not fit {datatype}: JSON {kind} values are not {needs}"
+    assert caught.value.message == expected
+
+
 @pytest.mark.parametrize("size", ["256", -4, True, 2.5, [8]], ids=repr)
 def test_parse_names_a_binary_data_size_that_is_not_a_size(size):
     body, length = binary({"inputs": [spec(parameters={"binary_data_size": size})]}, b"\0" * 8)

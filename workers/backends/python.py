@@ -315,12 +315,12 @@ class PythonBackend:
         output the model gave goes back (Triton sends what the model produced)."""
         if response.has_error():
             return naiad_error(response.error())
-        wanted = request.requested_output_names()
+        wanted = request._requested_output_names  # in the client's order; ``execute`` got copies
         tensors = response.output_tensors()
-        # The client names no output twice (naiad.validation), but ``execute`` may have added
-        # to ``wanted`` (the request's own list): with a name twice the general path keeps the first.
+        # The client names no output twice (naiad.validation), so a response naming exactly
+        # ``wanted`` has each name once; with a name twice the general path keeps the first.
         names = [tensor.name() for tensor in tensors]
-        if names == wanted and (len(names) < 2 or len(set(names)) == len(names)):
+        if names == wanted:
             chosen: Iterable[tuple[str, pb_utils.Tensor]] = zip(wanted, tensors, strict=True)  # as asked
         else:
             given: dict[str, pb_utils.Tensor] = {}

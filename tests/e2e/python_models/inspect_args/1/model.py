@@ -29,7 +29,7 @@ class TritonPythonModel:
             seen = {
                 "request_id": request.request_id(),
                 "parameters": json.loads(request.parameters()),
-                "requested_output_names": request.requested_output_names(),
+                "requested_output_names": sorted(request.requested_output_names()),  # a set, as in Triton
                 "model_name": request.model_name(),
                 "model_version": request.model_version(),
                 "in": pb_utils.get_input_tensor_by_name(request, "IN").as_numpy().tolist(),
