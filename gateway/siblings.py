@@ -50,6 +50,7 @@ import msgpack
 
 from naiad import host, procs
 from naiad.settings import Settings
+from naiad.stale_folders import remove_stale_folders
 
 logger = logging.getLogger(__name__)
 
@@ -127,9 +128,15 @@ class Siblings:
             writer.close()
 
 
+#: The control folders' name prefix (in the temporary directory).
+FOLDER_PREFIX = "naiad-gateways-"
+
+
 def control_folder() -> pathlib.Path:
-    """A new private folder for the processes' control sockets (mode 0700)."""
-    return pathlib.Path(tempfile.mkdtemp(prefix="naiad-gateways-"))
+    """A new private folder for the processes' control sockets (mode 0700); first, the
+    folders of servers killed with SIGKILL are removed (:mod:`naiad.stale_folders`)."""
+    remove_stale_folders(FOLDER_PREFIX)
+    return pathlib.Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX))
 
 
 #: Most gateway processes ``--gateway-processes 0`` (the default) starts: two measured 1.10–1.19×

@@ -56,13 +56,11 @@ as the header, no data): the worker drops it unless it is running already.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import os
 import secrets
 import shutil
-import socket
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -71,6 +69,7 @@ from struct import Struct
 import msgpack
 
 from naiad import group_commit, stats
+from naiad.stale_folders import remove_stale_folders
 
 logger = logging.getLogger(__name__)
 
@@ -95,9 +94,6 @@ MAX_FRAME_BYTES = 1 << 30
 TOKEN_TIMEOUT_S = 1.0
 #: Connections a gateway holds at once (one per worker on its machine); more are closed at once.
 MAX_CONNECTIONS = 256
-#: Seconds after which a gateway's reply folder whose socket no longer answers is stale (its
-#: gateway was killed): the next gateway to start removes it.
-STALE_AFTER_S = 60.0
 
 #: ``[path, token]``: where a gateway takes replies (request header ``ra``).
 Address = tuple[str, str]
@@ -157,35 +153,6 @@ def _execution(
     return stats.Execution(_count(version), _count(rows), queued, phases, _count(finished))
 
 
-def remove_stale_folders(directory: str | None = None) -> None:
-    """Remove reply folders of gateways that were killed (nothing removed them): older than
-    :data:`STALE_AFTER_S`, their socket gone or refusing connections."""
-    directory = directory or tempfile.gettempdir()
-    with contextlib.suppress(OSError):
-        for name in os.listdir(directory):
-            folder = os.path.join(directory, name)
-            if name.startswith(FOLDER_PREFIX) and _stale(folder):
-                shutil.rmtree(folder, ignore_errors=True)
-
-
-def _stale(folder: str) -> bool:
-    try:
-        info = os.stat(folder)
-    except OSError:
-        return False
-    if time.time() - info.st_mtime < STALE_AFTER_S or info.st_uid != os.getuid():
-        return False
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(0.1)
-        try:
-            probe.connect(os.path.join(folder, SOCKET_NAME))
-        except (FileNotFoundError, ConnectionRefusedError):
-            return True
-        except OSError:
-            return False
-    return False
-
-
 class ReplyServer:
     """The gateway's end: a Unix socket in a directory only this user can enter.
 
@@ -216,7 +183,7 @@ class ReplyServer:
     async def start(self) -> None:
         """Listen. Raises OSError when the socket cannot be made (e.g. a ``TMPDIR`` too long
         for a Unix socket's path); nothing is left behind then."""
-        remove_stale_folders(os.path.dirname(self._dir))
+        remove_stale_folders(FOLDER_PREFIX, os.path.dirname(self._dir))  # of killed gateways
         try:
             loop = asyncio.get_running_loop()
             self._server = await loop.create_unix_server(lambda: WorkerLink(self), self.path)
