@@ -92,24 +92,62 @@ def test_input_reshape_is_applied(tmp_path):
     assert outputs[0].data.tolist() == [[3], [3]]  # the model saw [batch, 2, 2]
 
 
+FAILED = "Failed to process the request(s) for model 'm_0', message: "
+
+
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        ("return []", "must return a list of 2 pb_utils.InferenceResponse, got 0"),
-        ("return None", "must return a list of 2 pb_utils.InferenceResponse, got NoneType"),
-        ("return [1, 2]", "returned int where a pb_utils.InferenceResponse belongs"),
-        ("raise KeyError('gone')", "message: KeyError: 'gone'"),
+        ("return []", "Number of InferenceResponse objects do not match the number of InferenceRequest "
+                      "objects. InferenceRequest(s) size is:2, and InferenceResponse(s) size is:0\n"),
+        ("return None", "Expected a list in the execute return, found type '<class 'NoneType'>'."),
+        ("return (None, None)", "Expected a list in the execute return, found type '<class 'tuple'>'."),
+        ("return [1, 2]", "Expected an 'InferenceResponse' object in the execute function return list, "
+                          "found type '<class 'int'>'."),
+        ("return [pb_utils.InferenceResponse([])] * 3", "Number of InferenceResponse objects do not match "
+         "the number of InferenceRequest objects. InferenceRequest(s) size is:2, and InferenceResponse(s) "
+         "size is:3\n"),
     ],
-)
-def test_a_bad_execute_fails_the_whole_batch(tmp_path, body, message):
+)  # fmt: skip
+def test_a_bad_execute_fails_the_whole_batch_with_tritons_message(tmp_path, body, message):
+    """Triton 2.51's texts, asked of real Triton (its stub checks the list, then each item, then the count)."""
     source = f"""
+        import triton_python_backend_utils as pb_utils
+
         class TritonPythonModel:
             def execute(self, requests):
                 {body}
     """
     backend = load(write_model(tmp_path, "m", source))
-    with pytest.raises(InferenceFailed, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(InferenceFailed) as caught:
         backend.execute_requests([request(1.0), request(2.0)])
+    assert caught.value.message == FAILED + message
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_an_exception_from_execute_names_the_models_frames_innermost_first(tmp_path, asynchronous):
+    """As Triton's stub (pybind11's text): ``At:`` and one line a frame of the model's code, from
+    the one that raised out to ``execute``; none of Naiad's (here ``pb_utils.Tensor``'s)."""
+    source = f"""
+        import triton_python_backend_utils as pb_utils
+
+        def helper(x):
+            return pb_utils.Tensor("Y", x)
+
+        class TritonPythonModel:
+            {"async " if asynchronous else ""}def execute(self, requests):
+                return [helper([1.0]) for r in requests]
+    """
+    folder = write_model(tmp_path, "m", source)
+    backend = load(folder)
+    with pytest.raises(InferenceFailed) as caught:
+        backend.execute_requests([request(1.0)])
+    backend.close()
+    path = folder / "1" / "model.py"
+    frames = f"  {path}(5): helper\n  {path}(9): <listcomp>\n  {path}(9): execute\n"
+    assert caught.value.message.startswith(FAILED + "TritonModelException: ")
+    assert caught.value.message.endswith(f"\n\nAt:\n{frames}")
+    assert "triton_python_backend_utils" not in caught.value.message
 
 
 def test_async_execute_and_finalize_once(tmp_path):

@@ -49,7 +49,7 @@ import threading
 import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, TracebackType
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -77,6 +77,35 @@ logger = logging.getLogger(__name__)
 #: Request parameters Triton's core consumes (scheduling, the HTTP binary extension) and so
 #: never shows a model in ``request.parameters()``.
 RESERVED_PARAMETERS = frozenset({"timeout", "priority", "binary_data_output"})
+
+
+def model_frames(exc: BaseException) -> str:
+    """The ``At:`` part of Triton's message for an exception ``execute`` raised: from the frame
+    that raised out to ``execute``, one line each, ``  <file>(<line>): <function>`` (pybind11's
+    ``error_already_set`` text, which the stub sends; the stub's own code is C++). Naiad's
+    frames (``pb_utils``, BLS: C++ in Triton) and asyncio's (an ``async def execute``) are
+    left out."""
+    frames = [(t.tb_frame.f_code, t.tb_lineno) for t in _entries(exc.__traceback__)]
+    model = [(code, line) for code, line in reversed(frames) if not code.co_filename.startswith(_NOT_MODEL)]
+    lines = "".join(f"  {code.co_filename}({line}): {code.co_name}\n" for code, line in model)
+    return f"\n\nAt:\n{lines}" if lines else ""
+
+
+def _entries(trace: TracebackType | None) -> list[TracebackType]:
+    entries = []
+    while trace is not None:
+        entries.append(trace)
+        trace = trace.tb_next
+    return entries
+
+
+#: Where frames that are not the model's code come from: asyncio, Naiad's packages, ``pb_utils``.
+_NOT_MODEL = (
+    os.path.dirname(asyncio.__file__) + os.sep,
+    pb_utils.__file__,
+    *(str(Path(pb_utils.__file__).parent / package) + os.sep
+      for package in ("naiad", "workers", "gateway", "repository_store")),
+)  # fmt: skip
 
 #: TritonError code -> the Naiad error a client gets (HTTP status as Triton's HTTP server).
 _ERRORS_BY_CODE: dict[int, type[NaiadError]] = {
@@ -264,6 +293,10 @@ class PythonBackend:
         return request.inputs[0].shape[0] if request.inputs and request.inputs[0].shape else 1
 
     def _execute(self, requests: list[pb_utils.InferenceRequest]) -> list[pb_utils.InferenceResponse]:
+        """``execute``'s responses, checked as Triton 2.51's stub checks them, with its messages
+        (asked of real Triton): a list, of one ``InferenceResponse`` per request. Raises
+        :class:`InferenceFailed` otherwise, or when ``execute`` raised (the message then ends
+        with the model's frames, innermost first, as the stub's pybind11 error text)."""
         with self._lock:
             try:
                 if self._loop is not None:
@@ -272,17 +305,23 @@ class PythonBackend:
                     responses = self.model.execute(requests)
             except Exception as exc:
                 logger.exception("execute of model '%s' raised", self.config.name)
-                raise InferenceFailed(f"Failed to process the request(s) for model instance "
-                                      f"'{self.instance}', message: {type(exc).__name__}: {exc}") from exc
-        if not isinstance(responses, list | tuple) or len(responses) != len(requests):
-            got = len(responses) if isinstance(responses, list | tuple) else type(responses).__name__
-            raise InferenceFailed(f"execute of model '{self.config.name}' must return a list of "
-                                  f"{len(requests)} pb_utils.InferenceResponse, got {got}")  # fmt: skip
-        bad = [r for r in responses if not isinstance(r, pb_utils.InferenceResponse)]
-        if bad:
-            raise InferenceFailed(f"execute of model '{self.config.name}' returned {type(bad[0]).__name__} "
-                                  "where a pb_utils.InferenceResponse belongs")  # fmt: skip
-        return list(responses)
+                raise self._failed(f"{type(exc).__name__}: {exc}{model_frames(exc)}") from exc
+        if type(responses) is not list:
+            raise self._failed(f"Expected a list in the execute return, found type '{type(responses)}'.")
+        for response in responses:
+            if not isinstance(response, pb_utils.InferenceResponse):
+                raise self._failed("Expected an 'InferenceResponse' object in the execute function return "
+                                   f"list, found type '{type(response)}'.")  # fmt: skip
+        if len(responses) != len(requests):
+            raise self._failed("Number of InferenceResponse objects do not match the number of "
+                               f"InferenceRequest objects. InferenceRequest(s) size is:{len(requests)}, "
+                               f"and InferenceResponse(s) size is:{len(responses)}\n")  # fmt: skip
+        return responses
+
+    def _failed(self, message: str) -> InferenceFailed:
+        """Triton's error for a batch whose ``execute`` failed (``<model>_<n>``: the instance)."""
+        prefix = f"Failed to process the request(s) for model '{self.instance}', message: "
+        return InferenceFailed(prefix + message)
 
     def _request(self, request: InferRequest) -> pb_utils.InferenceRequest:
         given = request.parameters
