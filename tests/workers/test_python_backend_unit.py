@@ -110,7 +110,7 @@ FAILED = "Failed to process the request(s) for model 'm_0', message: "
     ],
 )  # fmt: skip
 def test_a_bad_execute_fails_the_whole_batch_with_tritons_message(tmp_path, body, message):
-    """Triton 2.51's texts, asked of real Triton (its stub checks the list, then each item, then the count)."""
+    """Triton 2.51's texts, asked of real Triton (the stub checks the list, each item, the count)."""
     source = f"""
         import triton_python_backend_utils as pb_utils
 
