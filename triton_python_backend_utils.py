@@ -108,16 +108,22 @@ def numpy_to_triton_type(data_type: Any) -> int | None:
 _NUMBER_OF_DTYPE: dict[np.dtype, int] = {np.dtype(t): number for number, t in _TYPE_NUMBERS.items()}
 
 
-def serialize_byte_tensor(input_tensor: np.ndarray) -> np.ndarray | None:
-    """A BYTES tensor as one flat uint8 array of 4-byte-length-prefixed elements (row-major);
-    ``str`` elements are UTF-8 encoded. None for a non-BYTES tensor."""
+def serialize_byte_tensor(input_tensor: np.ndarray) -> bytes | tuple[()] | None:
+    """A BYTES tensor as Triton's Python backend's own helper gives it: ``bytes`` of 4-byte
+    little-endian length prefixes and elements, row-major; ``()`` for an empty tensor; None
+    for one that is neither of objects nor of byte strings (``S``). An object element whose
+    type is exactly ``bytes`` is taken as it is, any other is ``str(element)`` in UTF-8 (so an
+    ``np.bytes_(b"a")`` is ``b"b'a'"``), as every path of the server sends it
+    (:func:`naiad.datatypes.bytes_elements`; this module imports numpy only)."""
+    if input_tensor.size == 0:
+        return ()
     if input_tensor.dtype != np.object_ and input_tensor.dtype.type != np.bytes_:
         return None
     parts = []
-    for item in input_tensor.reshape(-1):
-        raw = item if isinstance(item, bytes) else str(item).encode("utf-8")
+    for item in input_tensor.reshape(-1).tolist():
+        raw = item if type(item) is bytes else str(item).encode("utf-8")
         parts += [_LENGTH.pack(len(raw)), raw]
-    return np.frombuffer(b"".join(parts), dtype=np.uint8)
+    return b"".join(parts)
 
 
 def deserialize_bytes_tensor(encoded_tensor: bytes | np.ndarray) -> np.ndarray:
@@ -259,6 +265,8 @@ class _Capsule:
 
 
 def _parameters_json(parameters: dict[str, Any] | str | None) -> str:
+    """``request.parameters()``'s text: JSON as Triton 2.51's stub writes it, compact and with
+    UTF-8 kept (asked of real Triton: ``{"s":"hé","i":3}``); ``"{}"`` for none."""
     if parameters is None:
         return "{}"
     if isinstance(parameters, str):
@@ -266,7 +274,7 @@ def _parameters_json(parameters: dict[str, Any] | str | None) -> str:
         return parameters
     if not isinstance(parameters, dict):
         raise TritonModelException("request parameters must be a dict or a JSON string")
-    return json.dumps(parameters) if parameters else "{}"
+    return json.dumps(parameters, separators=(",", ":"), ensure_ascii=False) if parameters else "{}"
 
 
 #: Sends a BLS request through its model's queue, returning a future of its response.

@@ -24,7 +24,7 @@ from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 
 from gateway.shared_memory import SystemSharedMemory, read_tensor, shared_memory_ref
-from naiad.datatypes import element_count, from_bytes, numpy_dtype, to_bytes
+from naiad.datatypes import bytes_elements, element_count, from_bytes, numpy_dtype, to_bytes
 from naiad.errors import InvalidInput
 from naiad.inference import InferRequest, InferResponse, RequestedOutput, SharedMemoryRef, Tensor
 
@@ -129,11 +129,10 @@ def to_contents(tensor: Tensor) -> pb.InferTensorContents:
     """A tensor as typed ``contents``; FP16/BF16 raise :class:`InvalidInput` (raw only)."""
     field = _contents_field(tensor.name, tensor.datatype)
     contents = pb.InferTensorContents()
-    flat = tensor.data.reshape(-1)
     if tensor.datatype == "BYTES":
-        items = [item.encode() if isinstance(item, str) else bytes(item) for item in flat]
+        items = bytes_elements(tensor.data)
     else:
-        items = flat.astype(FIELD_DTYPES[field]).tolist()
+        items = tensor.data.reshape(-1).astype(FIELD_DTYPES[field]).tolist()
     getattr(contents, field).extend(items)
     return contents
 

@@ -22,7 +22,7 @@ import orjson
 from tritonclient.grpc import model_config_pb2 as mc
 
 from gateway.shared_memory import SystemSharedMemory, read_tensor, shared_memory_outputs, shared_memory_ref
-from naiad.datatypes import BINARY_ONLY, element_count, from_bytes, numpy_dtype, to_bytes
+from naiad.datatypes import BINARY_ONLY, bytes_elements, element_count, from_bytes, numpy_dtype, to_bytes
 from naiad.errors import InvalidInput
 from naiad.inference import InferRequest, InferResponse, RequestedOutput, Tensor
 from naiad.memo import remember
@@ -119,6 +119,21 @@ def _scalars(parameters: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(value, str | int | float):
             raise InvalidInput(f"parameter '{key}' has invalid type: it must be a boolean, a number "
                                "or a string")  # fmt: skip
+    return parameters
+
+
+#: Triton 2.51's HTTP answer (400) to a request parameter named ``triton_...`` (asked of it; the
+#: prefix is case-sensitive, as there).
+RESERVED_PREFIX_MESSAGE = (
+    "parameter keys starting with 'triton_' are reserved for Triton usage and should not be specified."
+)
+
+
+def _request_parameters(header: dict[str, Any]) -> dict[str, Any]:
+    """The request's own ``parameters``: scalars (:func:`_scalars`), no key Triton reserves."""
+    parameters = _scalars(_object(header.get("parameters"), "'parameters'"))
+    if parameters and any(key.startswith("triton_") for key in parameters):
+        raise InvalidInput(RESERVED_PREFIX_MESSAGE)
     return parameters
 
 
@@ -351,7 +366,7 @@ def parse_infer_request(
     if not isinstance(output_specs, list):
         raise InvalidInput("'outputs' must be a list")
     outputs = [_requested_output(spec) for spec in output_specs]
-    parameters = _scalars(_object(header.get("parameters"), "'parameters'"))
+    parameters = _request_parameters(header)
     _flag(parameters.get("binary_data_output"), "'binary_data_output'")
     request_id = header.get("id", "")
     if not isinstance(request_id, str):
@@ -392,7 +407,7 @@ def _json_values(tensor: Tensor) -> list[Any]:
                            "the binary data format for output")  # fmt: skip
     if tensor.datatype == "BYTES":
         try:
-            return [bytes(item).decode() for item in tensor.data.reshape(-1)]
+            return [raw.decode() for raw in bytes_elements(tensor.data)]
         except UnicodeDecodeError:
             raise InvalidInput(
                 f"output '{tensor.name}' holds non-UTF-8 bytes: request it with binary_data"

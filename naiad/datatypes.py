@@ -93,16 +93,30 @@ def element_count(shape: list[int]) -> int:
     return math.prod(shape)
 
 
+def bytes_elements(array: np.ndarray) -> list[bytes]:
+    """The elements of a BYTES tensor, row-major, each as ``bytes``: the one rule every path
+    that sends a BYTES tensor uses (binary extension, JSON, gRPC, the queue codec).
+
+    Triton's rule (python_backend ``serialize_byte_tensor``): an element whose type is exactly
+    ``bytes`` is taken as it is, as is each element of a byte-string (``S``) array; any other
+    element becomes ``str(element)`` in UTF-8: a ``str`` (or ``np.str_``) its text, but also
+    ``1`` -> ``b"1"``, ``1.5`` -> ``b"1.5"``, ``None`` -> ``b"None"``, ``[1, 2]`` ->
+    ``b"[1, 2]"``, and an ``np.bytes_`` in an object array ``b"a"`` -> ``b"b'a'"``.
+    """
+    # tolist(): an object array's own elements, an S array's as plain bytes, a U array's as str;
+    # f"{item!s}" is str(item) without a call (a str, the common case, is returned as it is).
+    return [item if type(item) is bytes else f"{item!s}".encode() for item in array.reshape(-1).tolist()]
+
+
 def serialize_bytes(array: np.ndarray) -> bytes:
     """Flatten a BYTES tensor (row-major) into length-prefixed elements.
 
-    Each element is ``bytes`` or ``str`` (encoded as UTF-8); the prefix is a uint32 LE.
+    Each element becomes bytes by :func:`bytes_elements`; the prefix is a uint32 LE.
     """
-    parts = []
-    for item in array.reshape(-1):
-        raw = item.encode() if isinstance(item, str) else bytes(item)
-        parts.append(_LEN.pack(len(raw)))
-        parts.append(raw)
+    items = bytes_elements(array)
+    parts = [b""] * (2 * len(items))  # prefix, element, prefix, element ...
+    parts[::2] = map(_LEN.pack, map(len, items))
+    parts[1::2] = items
     return b"".join(parts)
 
 

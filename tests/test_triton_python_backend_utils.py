@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import triton_python_backend_utils as pb_utils
+from naiad.datatypes import bytes_elements
 
 
 def test_tensor_holds_its_array_and_rejects_what_triton_rejects():
@@ -58,7 +59,8 @@ def test_a_received_request_answers_as_one_built_by_keywords():
     built = pb_utils.InferenceRequest(request_id="7", inputs=[x], requested_output_names=["y"],
                                       model_name="m", model_version=2, timeout=1500,
                                       parameters={"k": "v"})  # fmt: skip
-    received = pb_utils.InferenceRequest._received("7", [x], ["y"], "m", 2, 1500, json.dumps({"k": "v"}))
+    text = pb_utils._parameters_json({"k": "v"})  # as the server writes them (workers/backends/python.py)
+    received = pb_utils.InferenceRequest._received("7", [x], ["y"], "m", 2, 1500, text)
     accessors = ["request_id", "correlation_id", "inputs", "requested_output_names", "model_name",
                  "model_version", "flags", "timeout", "parameters", "trace", "is_cancelled"]  # fmt: skip
     for name in accessors:
@@ -92,7 +94,10 @@ def test_request_accessors_and_input_lookup():
     assert request.requested_output_names() == {"y"} and request.timeout() == 1500
     request.requested_output_names().add("z")  # a new set each call, as Triton's stub answers
     assert request.requested_output_names() == {"y"}
-    assert json.loads(request.parameters()) == {"k": "v", "n": 2}
+    assert request.parameters() == '{"k":"v","n":2}'  # compact, as Triton's stub writes it
+    accented = pb_utils.InferenceRequest(model_name="m", requested_output_names=[], inputs=[],
+                                         parameters={"s": "hé"})  # fmt: skip
+    assert accented.parameters() == '{"s":"hé"}'  # UTF-8 kept, as Triton
     assert not request.is_cancelled()
     with pytest.raises(TypeError):
         pb_utils.InferenceRequest(model_name="m", inputs=[x])  # requested_output_names missing
@@ -126,9 +131,21 @@ def test_config_lookups_and_dtype_helpers():
 def test_bytes_serialization_round_trip():
     items = np.array([b"a", b"", "é".encode(), b"\x00z"], dtype=np.object_)
     flat = pb_utils.serialize_byte_tensor(items)
-    assert flat.dtype == np.uint8 and flat.tobytes()[:5] == b"\x01\x00\x00\x00a"
-    assert pb_utils.deserialize_bytes_tensor(flat.tobytes()).tolist() == items.tolist()
+    assert type(flat) is bytes and flat[:5] == b"\x01\x00\x00\x00a"  # bytes, as Triton's helper
+    assert pb_utils.deserialize_bytes_tensor(flat).tolist() == items.tolist()
     assert pb_utils.serialize_byte_tensor(np.zeros(2, dtype=np.float32)) is None
+    assert pb_utils.serialize_byte_tensor(np.zeros(0, dtype=np.object_)) == ()
+
+
+def test_bytes_serialization_takes_only_exact_bytes_as_they_are():
+    """Triton's rule, the server's too (naiad.datatypes.bytes_elements): other elements are str()."""
+    items = np.empty(5, dtype=np.object_)
+    items[:] = [b"a", np.bytes_(b"b"), "é", 1.5, None]
+    decoded = pb_utils.deserialize_bytes_tensor(pb_utils.serialize_byte_tensor(items)).tolist()
+    assert decoded == [b"a", b"b'b'", "é".encode(), b"1.5", b"None"]
+    assert decoded == bytes_elements(items)
+    fixed = np.array([b"x", b"yz"], dtype="S2")
+    assert pb_utils.deserialize_bytes_tensor(pb_utils.serialize_byte_tensor(fixed)).tolist() == [b"x", b"yz"]
 
 
 def minimal_config() -> pb_utils.ModelConfig:

@@ -301,7 +301,9 @@ def start_triton(repository: Path, workdir: Path, models: Sequence[str], name: s
     backends = triton.backend_directory(triton.triton_home(venv), workdir / name)
     args = triton.command(venv, repository, backends, http, grpc, metrics, extra)
     env = triton.environment(venv)
-    return _start(name, args, workdir, http, grpc, models, env=env, replace_env=True)
+    # cwd: not the project's root, where the stub (sys.path[0] == '') would import Naiad's
+    # triton_python_backend_utils.py instead of Triton's own.
+    return _start(name, args, workdir, http, grpc, models, env=env, replace_env=True, cwd=workdir)
 
 
 @contextlib.contextmanager

@@ -517,6 +517,13 @@ def _model_cases() -> list[HttpCase]:
             }))  # fmt: skip
             for names in [(), ("ASKED",), ("OTHER", "ASKED")]
         ],
+        _case("asked/parameters", "asked", js({
+            "inputs": [jtensor("IN", "FP32", [1], [1.0])],
+            "parameters": {"s": "hé", "i": 3, "b": True, "sequence_id": 5, "sequence_start": True},
+        })),  # fmt: skip
+        _case("bad/triton_parameter", "asked", js({
+            "inputs": [jtensor("IN", "FP32", [1], [1.0])], "parameters": {"i": 3, "triton_x": 1},
+        }), message=True),  # fmt: skip
         _case("add_sub/class2", "add_sub", _add_sub(outputs=cls(2))),
         _case("add_sub/class10", "add_sub", _add_sub(outputs=cls(10))),
         _case("add_sub/class_int", "add_sub", _add_sub(outputs=cls(3, "OUTPUT1"))),
@@ -574,6 +581,14 @@ def _model_cases() -> list[HttpCase]:
                 }
             ),
         ),
+    ]
+    objects = {"inputs": [jtensor("IN", "FP32", [1], [1.0])]}  # BYTES outputs not built of bytes
+    body, headers = binary_body({**objects, "parameters": {"binary_data_output": True}}, [])
+    one_binary = [{"name": "OUTS", "parameters": {"binary_data": True}}, {"name": "OUTS_S"}]
+    cases += [
+        _case("objects/json", "objects", js(objects)),
+        _case("objects/binary", "objects", body, headers),
+        _case("objects/binary_one", "objects", js({**objects, "outputs": one_binary})),
     ]
     for model in ("args", "args_default"):
         cases.append(_case(f"{model}/initialize", model, js({"inputs": [jtensor("IN", "INT32", [1], [0])]})))
@@ -836,6 +851,8 @@ def grpc_cases() -> list[GrpcCase]:
             ],
         ),  # fmt: skip
     ]
+    objects = grpc_infer("objects", [(_grpc_input("IN", "FP32", [1]), raw("FP32", [1.0]))])
+    cases.append(GrpcCase("infer/objects", "ModelInfer", objects))  # BYTES outputs not built of bytes
     for code in (0, 1, 2, 3, 4, 5, 6, 7, 8, 99):
         cases.append(
             GrpcCase(

@@ -19,7 +19,13 @@ is a ``model.py``; each one runs unchanged on Triton and on Naiad. What each mod
 - ``args``, ``args_default`` (no instance group): answer ``initialize``'s ``args`` and the
   ``model_config`` they hold;
 - ``asked``: ``ASKED`` is what ``requested_output_names()`` is (its type) and holds after the
-  model added to the first answer it got.
+  model added to the first answer it got; ``PARAMS`` the text of ``request.parameters()``;
+- ``objects``: BYTES outputs from arrays that are not of ``bytes``: ``OUTS`` from an object
+  array of ``1, 1.5, None, "a", b"b", np.str_("é"), [1, 2], "hé", np.bytes_(b"c")`` (Triton
+  takes an element of type ``bytes`` as it is and sends any other as ``str(element)`` in
+  UTF-8: ``np.bytes_(b"c")`` is ``"b'c'"``), ``OUTS_S`` from a byte-string (``S``) array.
+  (``tritonserver`` runs in its own folder, not the project's root: its stub puts the working
+  directory first on ``sys.path`` and would import Naiad's ``triton_python_backend_utils``.)
 """
 
 from __future__ import annotations
@@ -267,7 +273,8 @@ max_batch_size: 0
 input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]
 output [
   { name: "ASKED" data_type: TYPE_STRING dims: [ 2 ] },
-  { name: "OTHER" data_type: TYPE_FP32 dims: [ 1 ] }
+  { name: "OTHER" data_type: TYPE_FP32 dims: [ 1 ] },
+  { name: "PARAMS" data_type: TYPE_STRING dims: [ 1 ] }
 ]
 """
 
@@ -285,8 +292,35 @@ class TritonPythonModel:
             responses.append(pb_utils.InferenceResponse([
                 pb_utils.Tensor("ASKED", np.array([s.encode() for s in seen], dtype=np.object_)),
                 pb_utils.Tensor("OTHER", np.array([1.0], dtype=np.float32)),
+                pb_utils.Tensor("PARAMS", np.array([request.parameters().encode()], dtype=np.object_)),
             ]))
         return responses
+"""
+
+OBJECTS_CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [
+  { name: "OUTS" data_type: TYPE_STRING dims: [ 9 ] },
+  { name: "OUTS_S" data_type: TYPE_STRING dims: [ 2 ] }
+]
+"""
+
+OBJECTS_PY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+ITEMS = [1, 1.5, None, "a", b"b", np.str_("\\u00e9"), [1, 2], "h\\u00e9", np.bytes_(b"c")]
+
+class TritonPythonModel:
+    def execute(self, requests):
+        outs = np.empty(len(ITEMS), dtype=np.object_)
+        for i, item in enumerate(ITEMS):
+            outs[i] = item  # one by one: the list stays one element
+        strings = np.array([b"x", b"yz"], dtype="S2")
+        tensors = [pb_utils.Tensor("OUTS", outs), pb_utils.Tensor("OUTS_S", strings)]
+        return [pb_utils.InferenceResponse(tensors) for _ in requests]
 """
 
 ENSEMBLE_CONFIG = """
@@ -345,6 +379,7 @@ def build_repository(root: pathlib.Path) -> pathlib.Path:
     _model(root, "failing", FAILING_CONFIG, FAILING_PY)
     _model(root, "ens", ENSEMBLE_CONFIG, None)
     _model(root, "asked", ASKED_CONFIG, ASKED_PY)
+    _model(root, "objects", OBJECTS_CONFIG, OBJECTS_PY)
     _model(root, "args", ARGS_CONFIG, ARGS_PY)
     _model(
         root,

@@ -104,7 +104,9 @@ def start_triton(repository: pathlib.Path, workdir: pathlib.Path, cache_bytes: i
     args = triton.command(venv, repository, backends, http_port, grpc_port, metrics_port, extra)
     log_path = workdir / "triton.log"
     with log_path.open("wb") as log:
-        process = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
+        # cwd: the stub puts '' first on sys.path, so from the project's root it would import
+        # Naiad's triton_python_backend_utils.py instead of Triton's own.
+        process = subprocess.Popen(args, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT)
     server = TritonServer(process, http_port, grpc_port, log_path, backends)
     try:
         wait_for(lambda: _ready(server), READY_TIMEOUT_S, "tritonserver /v2/health/ready == 200")

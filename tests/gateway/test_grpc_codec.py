@@ -8,6 +8,7 @@ import grpc
 import ml_dtypes
 import numpy as np
 import pytest
+from bytes_samples import MIXED, MIXED_BYTES, STRINGS
 from tritonclient.grpc import service_pb2 as pb
 
 from gateway.grpc_codec import (
@@ -15,6 +16,7 @@ from gateway.grpc_codec import (
     from_infer_request,
     from_infer_response,
     from_parameters,
+    to_contents,
     to_infer_request,
     to_infer_response,
     to_parameters,
@@ -144,6 +146,21 @@ def test_response_round_trip_is_raw():
     assert (got.model, got.version, got.id, got.parameters) == ("m", 2, "rid", {"cached": True})
     for a, b in zip(got.outputs, want.outputs, strict=True):
         np.testing.assert_array_equal(a.data, b.data)
+
+
+def test_typed_bytes_contents_follow_tritons_rule():
+    assert list(to_contents(Tensor("m", "BYTES", [2, 4], MIXED.reshape(2, 4))).bytes_contents) == MIXED_BYTES
+    assert list(to_contents(Tensor("s", "BYTES", [2], STRINGS)).bytes_contents) == [b"x", b"yz"]
+    message = to_infer_request(request_of(Tensor("m", "BYTES", [8], MIXED)), raw=False)
+    assert list(message.inputs[0].contents.bytes_contents) == MIXED_BYTES
+
+
+def test_raw_bytes_output_follows_tritons_rule():
+    outputs = [Tensor("m", "BYTES", [2, 4], MIXED.reshape(2, 4)), Tensor("s", "BYTES", [2], STRINGS)]
+    message = to_infer_response(InferResponse("m", 1, outputs))
+    assert message.raw_output_contents[0] == b"".join(len(b).to_bytes(4, "little") + b for b in MIXED_BYTES)
+    got = from_infer_response(message).outputs
+    assert got[0].data.reshape(-1).tolist() == MIXED_BYTES and got[1].data.tolist() == [b"x", b"yz"]
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+from bytes_samples import MIXED, MIXED_BYTES, STRINGS
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
@@ -161,6 +162,16 @@ def test_json_data_of_the_wrong_kind_is_named_by_its_json_kind(datatype, data, k
     assert caught.value.message == expected
 
 
+@pytest.mark.parametrize("key", ["triton_x", "triton_enable_empty_final_response"])
+def test_a_request_parameter_named_triton_is_refused_with_tritons_message(key):
+    body = json.dumps({"inputs": [spec(data=[1, 2])], "parameters": {"k": 1, key: True}}).encode()
+    with pytest.raises(InvalidInput) as caught:
+        parse_infer_request(body, None, "m", 1)
+    assert caught.value.message == http_codec.RESERVED_PREFIX_MESSAGE
+    same = json.dumps({"inputs": [spec(data=[1, 2])], "parameters": {"TRITON_x": 1, "x_triton_": 2}}).encode()
+    assert parse_infer_request(same, None, "m", 1).parameters == {"TRITON_x": 1, "x_triton_": 2}
+
+
 @pytest.mark.parametrize("size", ["256", -4, True, 2.5, [8]], ids=repr)
 def test_parse_names_a_binary_data_size_that_is_not_a_size(size):
     body, length = binary({"inputs": [spec(parameters={"binary_data_size": size})]}, b"\0" * 8)
@@ -219,6 +230,20 @@ def test_render_binary_bytes_and_non_utf8():
     assert header["outputs"][1]["parameters"] == {"binary_data_size": 5} and tail == b"\x01\0\0\0\xff"
     with pytest.raises(InvalidInput):
         render_infer_response(response, InferRequest("m", 1, [], [RequestedOutput("s", binary=False)]))
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
+def test_render_bytes_not_built_of_bytes_as_triton_does(binary):
+    outputs = [Tensor("m", "BYTES", [2, 4], MIXED.reshape(2, 4)), Tensor("s", "BYTES", [2], STRINGS)]
+    request = InferRequest("m", 1, [], [], "", {"binary_data_output": binary})
+    header, tail = split_body(*render_infer_response(InferResponse("m", 1, outputs), request))
+    m, s = header["outputs"]
+    if binary:
+        items = [*MIXED_BYTES, b"x", b"yz"]
+        assert tail == b"".join(len(item).to_bytes(4, "little") + item for item in items)
+        assert m["parameters"]["binary_data_size"] + s["parameters"]["binary_data_size"] == len(tail)
+    else:
+        assert m["data"] == [item.decode() for item in MIXED_BYTES] and s["data"] == ["x", "yz"]
 
 
 @pytest.mark.parametrize("datatype", ["FP16", "BF16"])

@@ -5,12 +5,14 @@ from __future__ import annotations
 import msgpack
 import numpy as np
 import pytest
+from bytes_samples import MIXED, MIXED_BYTES
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from naiad import codec
 from naiad.datatypes import (
     NUMPY_DTYPES,
+    bytes_elements,
     config_to_datatype,
     datatype_of,
     datatype_to_config,
@@ -76,6 +78,43 @@ def test_from_bytes_size_mismatch():
 def test_bytes_serialization_is_triton_length_prefixed():
     array = np.array([b"ab", b"", "é"], dtype=np.object_)
     assert serialize_bytes(array) == b"\x02\0\0\0ab" + b"\0\0\0\0" + b"\x02\0\0\0\xc3\xa9"
+
+
+def prefixed(items: list[bytes]) -> bytes:
+    return b"".join(len(item).to_bytes(4, "little") + item for item in items)
+
+
+def test_bytes_elements_follow_tritons_rule():
+    got = bytes_elements(MIXED)
+    assert got == MIXED_BYTES and all(type(item) is bytes for item in got)
+    assert got[6] is MIXED[6]  # bytes are taken as they are, not copied
+
+
+def test_bytes_elements_of_byte_and_unicode_string_arrays():
+    # S: each element's bytes as they are (numpy drops trailing NULs, as Triton's .item() does).
+    assert bytes_elements(np.array([b"x", b"yz", b"a\0"], dtype="S2")) == [b"x", b"yz", b"a"]
+    assert bytes_elements(np.array(["é", "ab"])) == [b"\xc3\xa9", b"ab"]
+
+
+def test_bytes_elements_are_row_major():
+    array = np.asfortranarray(MIXED.reshape(2, 4))
+    assert bytes_elements(array) == MIXED_BYTES
+    assert bytes_elements(np.array(7, dtype=np.object_)) == [b"7"]  # a scalar tensor
+
+
+def test_serialize_bytes_follows_tritons_rule():
+    assert serialize_bytes(MIXED) == prefixed(MIXED_BYTES)
+    assert to_bytes(MIXED, "BYTES") == prefixed(MIXED_BYTES)
+    assert serialize_bytes(np.array([b"x", b"yz"], dtype="S2")) == prefixed([b"x", b"yz"])
+    assert serialize_bytes(np.empty(0, dtype=np.object_)) == b""
+
+
+def test_worker_reply_carries_non_bytes_elements_as_triton_does():
+    outputs = [Tensor("m", "BYTES", [2, 4], MIXED.reshape(2, 4)),
+               Tensor("s", "BYTES", [2], np.array([b"x", b"yz"], dtype="S2"))]  # fmt: skip
+    got = codec.decode_reply(codec.encode_reply(codec.Reply("q", outputs))).outputs
+    assert got[0].shape == [2, 4] and got[0].data.reshape(-1).tolist() == MIXED_BYTES
+    assert got[1].data.tolist() == [b"x", b"yz"]
 
 
 @pytest.mark.parametrize(

@@ -74,9 +74,11 @@ from repository_store import completed_config, config_to_triton_json, default_mo
 
 logger = logging.getLogger(__name__)
 
-#: Request parameters Triton's core consumes (scheduling, the HTTP binary extension) and so
-#: never shows a model in ``request.parameters()``.
-RESERVED_PARAMETERS = frozenset({"timeout", "priority", "binary_data_output"})
+#: Request parameters Triton's core consumes (scheduling, sequences, the HTTP binary extension)
+#: and so never shows a model in ``request.parameters()`` (asked of Triton 2.51).
+RESERVED_PARAMETERS = frozenset(
+    {"timeout", "priority", "binary_data_output", "sequence_id", "sequence_start", "sequence_end"}
+)
 
 
 def model_frames(exc: BaseException) -> str:
@@ -333,7 +335,7 @@ class PythonBackend:
             self.config.name,
             request.version,
             int(given.get("timeout") or 0) if given else 0,
-            json.dumps(parameters) if parameters else "{}",
+            pb_utils._parameters_json(parameters),
         )
 
     def _model_input(self, tensor: Tensor) -> np.ndarray:
