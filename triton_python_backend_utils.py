@@ -15,7 +15,10 @@ signatures and behaviour follow Triton's python_backend README ("Usage", "Error 
 - the lookup helpers (``get_input_tensor_by_name`` ...), dtype helpers, :class:`ModelConfig`
   (the object ``auto_complete_config`` receives) and :class:`Logger`.
 
-Not offered (Naiad has no equivalent): decoupled responses (``get_response_sender``), GPU
+- :class:`InferenceResponseSender` (``request.get_response_sender()``) in a model that is not
+  decoupled: one response a request, as Triton 2.51 serves it.
+
+Not offered (Naiad has no equivalent): decoupled models (several responses a request), GPU
 tensors, custom metrics. This module imports only numpy and the standard library.
 """
 
@@ -36,6 +39,7 @@ __all__ = [
     "TRITON_STRING_TO_NUMPY",
     "InferenceRequest",
     "InferenceResponse",
+    "InferenceResponseSender",
     "Logger",
     "ModelConfig",
     "Tensor",
@@ -323,6 +327,8 @@ class InferenceRequest:
         self._preferred_memory = preferred_memory
         self._trace = trace
         self._parameters = _parameters_json(parameters)
+        self._sender: InferenceResponseSender | None = None
+        self._received_by_server = False  # a BLS request, built by a model
 
     @classmethod
     def _received(
@@ -337,8 +343,8 @@ class InferenceRequest:
         request._request_id, request._correlation_id, request._inputs = request_id, 0, inputs
         request._requested_output_names, request._model_name = requested_output_names, model_name
         request._model_version, request._flags, request._timeout = model_version, 0, timeout
-        request._preferred_memory = request._trace = None
-        request._parameters = parameters
+        request._preferred_memory = request._trace = request._sender = None
+        request._parameters, request._received_by_server = parameters, True
         return request
 
     def inputs(self) -> list[Tensor]:
@@ -382,8 +388,12 @@ class InferenceRequest:
         its batch starts, so a request ``execute`` sees is never cancelled."""
         return False
 
-    def get_response_sender(self) -> Any:
-        raise TritonModelException("decoupled models (response senders) are not supported by Naiad")
+    def get_response_sender(self) -> InferenceResponseSender:
+        """This request's response sender (the same one at each call): ``execute`` may answer
+        the request through it instead of in its returned list (:class:`InferenceResponseSender`)."""
+        if self._sender is None:
+            self._sender = InferenceResponseSender(received=self._received_by_server)
+        return self._sender
 
     def exec(self, decoupled: bool = False) -> InferenceResponse:
         """Run this request on ``model_name`` and wait for its response. Errors (unknown
@@ -406,6 +416,45 @@ class InferenceRequest:
             done.set_result(InferenceResponse(error=error))
             return done
         return _bls_submit(self)
+
+
+class InferenceResponseSender:
+    """A request's response sender in a model that is not decoupled: ``execute`` answers the
+    request with ``send(response, flags=TRITONSERVER_RESPONSE_COMPLETE_FINAL)`` (or ``send
+    (response)`` then ``send(flags=TRITONSERVER_RESPONSE_COMPLETE_FINAL)``) instead of in the
+    list it returns, as Triton 2.51 serves it (asked of it). The rules and messages are
+    python_backend's ``ResponseSender`` (``src/response_sender.cc``): one response, then
+    nothing after the final flag, and no final flag before a response, each refused with
+    :class:`TritonModelException`; a BLS request's sender refuses every send. The server reads
+    what was sent when ``execute`` returns: a response sent later, from another thread, is not
+    taken."""
+
+    def __init__(self, received: bool = True) -> None:
+        self._received = received  # False: a BLS request's, which has no model to answer for
+        self._response: InferenceResponse | None = None
+        self._closed = False  # the final flag was sent
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        if not self._received:
+            raise TritonModelException("Unable to send response. Response sender has no reference to the "
+                                       "decoupled state of the model.")  # fmt: skip
+        if response is not None and self._response is not None:
+            raise TritonModelException("Unable to send response. Non-decoupled model cannot send more than "
+                                       "one response.")  # fmt: skip
+        if response is None and flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL and self._response is None:
+            raise TritonModelException("Unable to send response. Non-decoupled model cannot send complete "
+                                       "final before sending a response.")  # fmt: skip
+        if self._closed:
+            raise TritonModelException("Unable to send response. Response sender has been closed.")
+        if response is not None and not isinstance(response, InferenceResponse):
+            raise TritonModelException(f"expected an InferenceResponse, got {type(response).__name__}")
+        if flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+            self._closed = True
+        if response is not None:
+            self._response = response
+
+    def is_cancelled(self) -> bool:
+        return False  # as InferenceRequest.is_cancelled
 
 
 class InferenceResponse:

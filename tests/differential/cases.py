@@ -521,6 +521,7 @@ def _model_cases() -> list[HttpCase]:
             "inputs": [jtensor("IN", "FP32", [1], [1.0])],
             "parameters": {"s": "hé", "i": 3, "b": True, "sequence_id": 5, "sequence_start": True},
         })),  # fmt: skip
+        *[_case(f"sent/{m}", "sent", js({"inputs": [jtensor("IN", "FP32", [1], [m])]})) for m in (0, 1, 2)],
         _case("bad/triton_parameter", "asked", js({
             "inputs": [jtensor("IN", "FP32", [1], [1.0])], "parameters": {"i": 3, "triton_x": 1},
         }), message=True),  # fmt: skip

@@ -26,6 +26,9 @@ is a ``model.py``; each one runs unchanged on Triton and on Naiad. What each mod
   UTF-8: ``np.bytes_(b"c")`` is ``"b'c'"``), ``OUTS_S`` from a byte-string (``S``) array.
   (``tritonserver`` runs in its own folder, not the project's root: its stub puts the working
   directory first on ``sys.path`` and would import Naiad's ``triton_python_backend_utils``.)
+- ``sent``: answers through ``get_response_sender()`` (not decoupled); ``IN`` picks how: 0 one
+  ``send`` with the final flag, 1 the response then the final flag alone, 2 as 0 and also a
+  returned list (``OUT = IN + 10`` sent, ``IN + 20`` returned).
 """
 
 from __future__ import annotations
@@ -323,6 +326,38 @@ class TritonPythonModel:
         return [pb_utils.InferenceResponse(tensors) for _ in requests]
 """
 
+SENT_CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
+"""
+
+SENT_PY = """
+import triton_python_backend_utils as pb_utils
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+def answer(request, plus):
+    x = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+    return pb_utils.InferenceResponse([pb_utils.Tensor("OUT", x + plus)])
+
+class TritonPythonModel:
+    def execute(self, requests):
+        returned = None
+        for request in requests:
+            mode = int(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0])
+            sender = request.get_response_sender()
+            if mode == 1:
+                sender.send(answer(request, 10))
+                sender.send(flags=FINAL)
+            else:
+                sender.send(answer(request, 10), flags=FINAL)
+            if mode == 2:
+                returned = [answer(r, 20) for r in requests]
+        return returned
+"""
+
 ENSEMBLE_CONFIG = """
 platform: "ensemble"
 max_batch_size: 0
@@ -380,6 +415,7 @@ def build_repository(root: pathlib.Path) -> pathlib.Path:
     _model(root, "ens", ENSEMBLE_CONFIG, None)
     _model(root, "asked", ASKED_CONFIG, ASKED_PY)
     _model(root, "objects", OBJECTS_CONFIG, OBJECTS_PY)
+    _model(root, "sent", SENT_CONFIG, SENT_PY)
     _model(root, "args", ARGS_CONFIG, ARGS_PY)
     _model(
         root,

@@ -349,3 +349,73 @@ def test_an_output_that_fits_quickly_is_one_output_fault_accepts(dims, rows):
     assert output_fault(rule, fitting, rows) is None
     assert not OutputRule.of(mc.ModelOutput(name="S", data_type=mc.TYPE_STRING, dims=[1])).fits(
         np.array([[b"x"]], dtype=np.object_), None)  # BYTES: the general path decides
+
+
+SENDS = """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+    def answer(r, plus):
+        x = pb_utils.get_input_tensor_by_name(r, "X").as_numpy()
+        z = np.ones((len(x), 1), np.int32)
+        return pb_utils.InferenceResponse([pb_utils.Tensor("Y", x + plus), pb_utils.Tensor("Z", z)])
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            {body}
+"""
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "for r in requests: r.get_response_sender().send(answer(r, 1), flags=FINAL)",
+        "for r in requests: s = r.get_response_sender(); s.send(answer(r, 1)); s.send(flags=FINAL)",
+        "[r.get_response_sender().send(answer(r, 1), flags=FINAL) for r in requests]\n"
+        "            return [answer(r, 5) for r in requests]  # the sent response is the request's",
+        "requests[0].get_response_sender().send(answer(requests[0], 1), flags=FINAL)\n"
+        "            return [answer(requests[0], 5), answer(requests[1], 1)]  # the second: from the list",
+    ],
+    ids=["send-final", "send-then-final", "sent-and-returned", "one-sent-one-returned"],
+)  # fmt: skip
+def test_a_request_answered_through_its_response_sender(tmp_path, body):
+    """A model that is not decoupled may answer through ``get_response_sender()`` (Triton 2.51
+    serves it: asked of it); what it sent is the request's answer, pruned as a returned one."""
+    backend = load(write_model(tmp_path, "m", SENDS.replace("{body}", body)))
+    first, second = backend.execute_requests([request(1.0, outputs=("Y",)), request(2.0)])
+    assert [t.name for t in first] == ["Y"] and first[0].data.flat[0] == 2.0
+    assert [t.name for t in second] == ["Y", "Z"] and second[0].data.flat[0] == 3.0
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("r = requests[0]; s = r.get_response_sender(); s.send(answer(r, 1)); s.send(answer(r, 1))",
+         "Unable to send response. Non-decoupled model cannot send more than one response."),
+        ("requests[0].get_response_sender().send(flags=FINAL)",
+         "Unable to send response. Non-decoupled model cannot send complete final before sending a "
+         "response."),
+        ("r = requests[0]; s = r.get_response_sender(); s.send(answer(r, 1), FINAL); s.send(flags=FINAL)",
+         "Unable to send response. Response sender has been closed."),
+        ("pb_utils.InferenceRequest(model_name='m', inputs=[], requested_output_names=[])"
+         ".get_response_sender().send(flags=FINAL)",
+         "Unable to send response. Response sender has no reference to the decoupled state of the model."),
+    ],
+    ids=["twice", "final-first", "after-final", "bls-request"],
+)  # fmt: skip
+def test_a_send_that_python_backend_refuses_fails_the_batch_with_its_message(tmp_path, body, message):
+    backend = load(write_model(tmp_path, "m", SENDS.replace("{body}", body)))
+    with pytest.raises(InferenceFailed) as caught:
+        backend.execute_requests([request(1.0), request(2.0)])
+    assert caught.value.message.startswith(FAILED + f"TritonModelException: {message}")
+
+
+def test_a_request_neither_sent_nor_returned_fails_the_batch(tmp_path):
+    body = "requests[0].get_response_sender().send(answer(requests[0], 1), flags=FINAL)"
+    backend = load(write_model(tmp_path, "m", SENDS.replace("{body}", body)))
+    with pytest.raises(InferenceFailed) as caught:
+        backend.execute_requests([request(1.0), request(2.0)])
+    expected = "no response was sent or returned for request 1 of 2 (request id '')"
+    assert caught.value.message == FAILED + expected

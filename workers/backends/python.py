@@ -308,6 +308,8 @@ class PythonBackend:
             except Exception as exc:
                 logger.exception("execute of model '%s' raised", self.config.name)
                 raise self._failed(f"{type(exc).__name__}: {exc}{model_frames(exc)}") from exc
+        if any(request._sender is not None for request in requests):
+            responses = self._sent(responses, requests)
         if type(responses) is not list:
             raise self._failed(f"Expected a list in the execute return, found type '{type(responses)}'.")
         for response in responses:
@@ -318,6 +320,20 @@ class PythonBackend:
             raise self._failed("Number of InferenceResponse objects do not match the number of "
                                f"InferenceRequest objects. InferenceRequest(s) size is:{len(requests)}, "
                                f"and InferenceResponse(s) size is:{len(responses)}\n")  # fmt: skip
+        return responses
+
+    def _sent(self, returned: Any, requests: list[pb_utils.InferenceRequest]) -> Any:
+        """The responses of a batch in which ``execute`` used response senders: a request's
+        sent response, else its response in the list ``execute`` returned (when it returned
+        one per request). :class:`InferenceFailed` for a request left with neither."""
+        listed = returned if type(returned) is list and len(returned) == len(requests) else None
+        responses = []
+        for index, request in enumerate(requests):
+            sent = request._sender._response if request._sender is not None else None
+            if sent is None and listed is None:
+                raise self._failed(f"no response was sent or returned for request {index} of "
+                                   f"{len(requests)} (request id '{request.request_id()}')")  # fmt: skip
+            responses.append(sent if sent is not None else listed[index])  # type: ignore[index]
         return responses
 
     def _failed(self, message: str) -> InferenceFailed:
