@@ -30,7 +30,7 @@ from redis.exceptions import RedisError
 
 import triton_python_backend_utils as pb_utils
 from naiad.datatypes import datatype_of
-from naiad.errors import ModelNotFound, NaiadError, Unavailable, Unsupported
+from naiad.errors import ModelNotFound, ModelNotReady, NaiadError, Unsupported
 from naiad.inference import InferRequest, InferResponse, RequestedOutput, Tensor
 from naiad.model_client import ModelClient
 from naiad.queue_client import READER_BLOCK_S, QueueDispatcher
@@ -39,9 +39,21 @@ from naiad.registry import ModelEntry, RegistryReader, select_version
 from naiad.settings import Settings
 from naiad.stats_writer import StatsWriter
 from repository_store.ensemble import is_ensemble
-from workers.backends.python import triton_error
 
 logger = logging.getLogger(__name__)
+
+
+def _failed(message: str) -> pb_utils.InferenceResponse:
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, pb_utils.TritonError.INTERNAL))
+
+
+def _before_run(error: NaiadError | RedisError, model: str) -> str:
+    """What Triton 2.51 says of a BLS target it could not run: for a model or version it does
+    not serve, python_backend's readiness check's text (``request_executor.cc``; asked of
+    Triton for an unknown model), else Naiad's own message."""
+    if isinstance(error, ModelNotFound | ModelNotReady):
+        return f"Failed for execute the inference request. Model '{model}' is not ready."
+    return error.message if isinstance(error, NaiadError) else f"Redis is unavailable: {error}"
 
 
 class BlsClient:
@@ -66,22 +78,36 @@ class BlsClient:
         return asyncio.run_coroutine_threadsafe(self.execute(request), self.loop)
 
     async def execute(self, request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
-        """The response to ``request``: its outputs, or its ``error()``."""
+        """The response to ``request``: its outputs, or its ``error()``, always of code
+        INTERNAL, as Triton 2.51's stub answers BLS errors (asked of it: an unknown model, a
+        bad input and a target's own NOT_FOUND error alike). An error met before the target
+        runs is worded as Triton's: ``Model <name> - Error when running inference: ...``."""
         try:
-            response = await self._infer(request)
+            entry, version = await self._target(request.model_name(), request.model_version())
+        except (NaiadError, RedisError) as exc:
+            model = request.model_name()
+            return _failed(f"Model {model} - Error when running inference: {_before_run(exc, model)}")
+        try:
+            response = await self._infer(entry, version, request)
         except NaiadError as exc:
-            return pb_utils.InferenceResponse(error=triton_error(exc))
+            return _failed(exc.message)
         except RedisError as exc:
-            return pb_utils.InferenceResponse(error=triton_error(Unavailable(f"Redis is unavailable: {exc}")))
+            return _failed(f"Redis is unavailable: {exc}")
         return pb_utils.InferenceResponse([pb_utils.Tensor(t.name, t.data) for t in response.outputs])
 
-    async def _infer(self, request: pb_utils.InferenceRequest) -> InferResponse:
-        entry, version = await self._resolve(request.model_name(), request.model_version())
+    async def _target(self, model: str, version: int) -> tuple[ModelEntry, int]:
+        """The target's entry and version; :class:`Unsupported` for an ensemble."""
+        entry, version = await self._resolve(model, version)
         if is_ensemble(entry.config):  # its scheduler runs in the gateway (gateway/ensemble.py)
             raise Unsupported(
                 "BLS requests to ensemble models are not supported in Naiad: "
                 f"call the composing models of '{entry.name}'"
             )
+        return entry, version
+
+    async def _infer(
+        self, entry: ModelEntry, version: int, request: pb_utils.InferenceRequest
+    ) -> InferResponse:
         infer = InferRequest(
             model=entry.name, version=version, inputs=[_tensor(t) for t in request.inputs()],
             outputs=[RequestedOutput(name) for name in request._requested_output_names],  # caller's order

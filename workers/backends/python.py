@@ -59,7 +59,6 @@ import triton_python_backend_utils as pb_utils
 from naiad.datatypes import NUMPY_DTYPES, config_to_datatype, datatype_of, datatype_to_config
 from naiad.errors import (
     AlreadyExists,
-    DeadlineExceeded,
     InferenceFailed,
     InvalidInput,
     ModelNotFound,
@@ -125,19 +124,6 @@ _ERRORS_BY_CODE: dict[int, type[NaiadError]] = {
 def naiad_error(error: pb_utils.TritonError) -> NaiadError:
     """The client-facing error of a response's ``TritonError`` (unknown codes: INTERNAL)."""
     return _ERRORS_BY_CODE.get(error.code(), InferenceFailed)(str(error.message()))
-
-
-def triton_error(error: NaiadError) -> pb_utils.TritonError:
-    """The ``TritonError`` a BLS response carries for a Naiad error (its nearest code)."""
-    for cls, code in ((ModelNotFound, pb_utils.TritonError.NOT_FOUND),
-                      (Unsupported, pb_utils.TritonError.UNSUPPORTED),
-                      (ModelNotReady, pb_utils.TritonError.UNAVAILABLE),
-                      (InvalidInput, pb_utils.TritonError.INVALID_ARG),
-                      (Unavailable, pb_utils.TritonError.UNAVAILABLE),
-                      (DeadlineExceeded, pb_utils.TritonError.UNAVAILABLE)):  # fmt: skip
-        if isinstance(error, cls):
-            return pb_utils.TritonError(error.message, code)
-    return pb_utils.TritonError(error.message, pb_utils.TritonError.INTERNAL)
 
 
 def instance_args(version_dir: Path, config: mc.ModelConfig, device: str) -> dict[str, str]:
