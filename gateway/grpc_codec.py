@@ -73,6 +73,29 @@ def from_parameters(params: Mapping[str, pb.InferParameter]) -> dict[str, Any]:
     return result
 
 
+#: The one request parameter named ``triton_...`` Triton's gRPC front takes (a bool, the
+#: stream's option for an empty final response; Naiad flags every streamed answer final).
+EMPTY_FINAL = "triton_enable_empty_final_response"
+#: Triton's gRPC refusal of any other ``triton_...`` request parameter (``SetInferenceRequestMetadata``).
+RESERVED_PREFIX_MESSAGE = (
+    "parameter keys starting with 'triton_' are reserved for Triton usage. Only the following keys "
+    f"starting with 'triton_' are allowed: {EMPTY_FINAL}"
+)
+
+
+def request_parameters(params: Mapping[str, pb.InferParameter]) -> dict[str, Any]:
+    """A request's own ``parameters`` (:func:`from_parameters`) as Triton's gRPC front takes
+    them: no ``triton_...`` key but :data:`EMPTY_FINAL` (a bool, not passed on);
+    :class:`InvalidInput` with Triton's message otherwise."""
+    parameters = from_parameters(params)
+    if parameters and any(key.startswith("triton_") for key in parameters):
+        if any(key.startswith("triton_") and key != EMPTY_FINAL for key in parameters):
+            raise InvalidInput(RESERVED_PREFIX_MESSAGE)
+        if not isinstance(parameters.pop(EMPTY_FINAL), bool):
+            raise InvalidInput(f"invalid value type for '{EMPTY_FINAL}' parameter, expected bool_param.")
+    return parameters
+
+
 def to_parameters(values: Mapping[str, Any]) -> dict[str, pb.InferParameter]:
     """Plain scalars as ``InferParameter`` messages (ints above int64 as ``uint64_param``)."""
     result = {}
@@ -211,7 +234,7 @@ def from_infer_request(
         for spec, region in zip(request.inputs, regions, strict=True)
     ]  # fmt: skip
     outputs = [_requested_output(spec) for spec in request.outputs]
-    parameters = from_parameters(request.parameters)
+    parameters = request_parameters(request.parameters)
     return InferRequest(model, version, inputs, outputs, request.id, parameters)
 
 

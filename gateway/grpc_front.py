@@ -71,6 +71,27 @@ def percent_encoded(message: str) -> str:
     return "".join(chr(b) if 0x20 <= b <= 0x7E and b != 0x25 else f"%{b:02X}" for b in message.encode())
 
 
+#: Most bytes of a status message once percent-encoded: gRPC's C core refuses received
+#: metadata past 8 KiB by default (its soft limit, ``grpc.max_metadata_size``; 16 KiB hard), so
+#: a longer message (a Python model's exception with all its frames) would reach a client as
+#: RESOURCE_EXHAUSTED, its status and text lost.
+MAX_STATUS_BYTES = 4096
+TRUNCATED = " [... truncated]"
+
+
+def fitting(message: str, limit: int = MAX_STATUS_BYTES) -> str:
+    """``message``, cut at a character (and marked :data:`TRUNCATED`) where its
+    :func:`percent_encoded` form would pass ``limit`` bytes."""
+    if len(message) * 12 <= limit:  # a character encodes to at most 12 bytes (4 UTF-8 bytes as %XX)
+        return message
+    size = 0
+    for index, char in enumerate(message):
+        size += 1 if 0x20 <= ord(char) <= 0x7E and char != "%" else 3 * len(char.encode())
+        if size > limit - len(TRUNCATED):
+            return message[:index] + TRUNCATED
+    return message
+
+
 def timeout_s(value: str | None) -> float | None:
     """Seconds of a ``grpc-timeout`` header; None without one, or for a malformed one."""
     match = _TIMEOUT.fullmatch(value) if value else None

@@ -34,7 +34,7 @@ from gateway.grpc_codec import (
     to_server_metadata,
     to_shared_memory_status,
 )
-from gateway.grpc_front import GrpcFront
+from gateway.grpc_front import GrpcFront, fitting
 from gateway.grpc_limits import GrpcLimits, receive, reservation
 from gateway.http2 import Http2Limits
 from gateway.shared_memory import shared_memory_outputs, unsupported_cuda
@@ -49,11 +49,12 @@ STOP_GRACE_S = 5.0
 
 
 def status_of(exc: Exception, method: str) -> tuple[grpc.StatusCode, str]:
-    """The status code and message a client gets for ``exc`` (logged when unexpected)."""
+    """The status code and message a client gets for ``exc`` (logged when unexpected); a
+    message that would not fit gRPC's metadata limit is cut (:func:`gateway.grpc_front.fitting`)."""
     known = as_naiad_error(exc)
     if known is not None:
         code = next(GRPC_CODES[cls] for cls in type(known).__mro__ if cls in GRPC_CODES)
-        return grpc.StatusCode[code], known.message
+        return grpc.StatusCode[code], fitting(known.message)
     logger.error("unhandled error in %s", method, exc_info=exc)
     return grpc.StatusCode.INTERNAL, "internal server error"
 

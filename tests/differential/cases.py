@@ -854,6 +854,13 @@ def grpc_cases() -> list[GrpcCase]:
     ]
     objects = grpc_infer("objects", [(_grpc_input("IN", "FP32", [1]), raw("FP32", [1.0]))])
     cases.append(GrpcCase("infer/objects", "ModelInfer", objects))  # BYTES outputs not built of bytes
+    for case_id, key, value in [("triton_parameter", "triton_x", {"int64_param": 1}),
+                                ("empty_final", "triton_enable_empty_final_response", {"bool_param": True}),
+                                ("empty_final_not_bool", "triton_enable_empty_final_response",
+                                 {"string_param": "yes"})]:  # fmt: skip
+        message = grpc_infer("asked", [(_grpc_input("IN", "FP32", [1]), raw("FP32", [1.0]))])
+        message.parameters[key].CopyFrom(service_pb2.InferParameter(**value))
+        cases.append(GrpcCase(f"infer/{case_id}", "ModelInfer", message))
     for code in (0, 1, 2, 3, 4, 5, 6, 7, 8, 99):
         cases.append(
             GrpcCase(

@@ -13,9 +13,12 @@ from tritonclient.grpc import service_pb2 as pb
 
 from gateway.grpc_codec import (
     CONTENTS_FIELDS,
+    EMPTY_FINAL,
+    RESERVED_PREFIX_MESSAGE,
     from_infer_request,
     from_infer_response,
     from_parameters,
+    request_parameters,
     to_contents,
     to_infer_request,
     to_infer_response,
@@ -214,3 +217,16 @@ def test_status_of_unknown_error_is_generic_and_logged(caplog):
     assert (code, message) == (grpc.StatusCode.INTERNAL, "internal server error")
     assert "secret" not in message
     assert caplog.records and caplog.records[0].exc_info is not None
+
+
+def test_request_parameters_named_triton_are_refused_but_the_empty_final_flag():
+    """Triton 2.51's gRPC front, asked of it (tests/differential: infer/triton_parameter ...)."""
+    given = {"k": pb.InferParameter(int64_param=1), EMPTY_FINAL: pb.InferParameter(bool_param=True)}
+    assert request_parameters(given) == {"k": 1}  # the stream's option is not the model's
+    with pytest.raises(InvalidInput) as caught:
+        request_parameters({"triton_x": pb.InferParameter(int64_param=1)})
+    assert caught.value.message == RESERVED_PREFIX_MESSAGE
+    with pytest.raises(InvalidInput) as caught:
+        request_parameters({EMPTY_FINAL: pb.InferParameter(string_param="yes")})
+    assert caught.value.message == f"invalid value type for '{EMPTY_FINAL}' parameter, expected bool_param."
+    assert request_parameters({"TRITON_x": pb.InferParameter(bool_param=False)}) == {"TRITON_x": False}

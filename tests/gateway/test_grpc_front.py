@@ -19,10 +19,11 @@ import hpack
 import pytest
 
 from gateway import http2
-from gateway.grpc_front import GrpcFront, percent_encoded, timeout_s
+from gateway.grpc_front import MAX_STATUS_BYTES, TRUNCATED, GrpcFront, fitting, percent_encoded, timeout_s
 from gateway.grpc_limits import GrpcLimits
 from gateway.grpc_server import _wrapped
 from gateway.limits import ByteBudget
+from naiad.errors import InferenceFailed
 
 MiB = 2**20
 seen: dict[str, object] = {}
@@ -48,6 +49,10 @@ async def _refuse(request: bytes, context) -> bytes:
     return b""
 
 
+async def _fails(request: bytes, context) -> bytes:
+    raise InferenceFailed("é" + "  /models/m/1/model.py(5): helper\n" * 2000)  # a long traceback
+
+
 async def _chat(requests, context) -> None:
     async for message in requests:
         await context.write(message[::-1])
@@ -56,7 +61,8 @@ async def _chat(requests, context) -> None:
 def _handlers(limits: GrpcLimits) -> dict[str, grpc.RpcMethodHandler]:
     raw = {"request_deserializer": bytes, "response_serializer": bytes}
     handlers = {name: grpc.unary_unary_rpc_method_handler(f, **raw)
-                for name, f in (("Echo", _echo), ("Slow", _slow), ("Refuse", _refuse))}  # fmt: skip
+                for name, f in (("Echo", _echo), ("Slow", _slow), ("Refuse", _refuse),
+                                ("Fails", _fails))}  # fmt: skip
     handlers["Chat"] = grpc.stream_stream_rpc_method_handler(_chat, **raw)
     return {f"/t.T/{name}": _wrapped(h, f"/t.T/{name}", None, limits) for name, h in handlers.items()}
 
@@ -472,3 +478,29 @@ def test_metadata_over_the_header_list_limit_fails_that_call_alone():
             assert await channel.unary_unary("/t.T/Echo")(b"after", timeout=5) == b"after"
 
     run(body())
+
+
+def test_a_status_message_past_grpcs_metadata_limit_is_cut_not_lost():
+    """A model's exception with many frames: the client gets INTERNAL and the message's start,
+    not RESOURCE_EXHAUSTED (gRPC's 8 KiB metadata limit) with the text lost."""
+
+    async def body():
+        async with _front() as (_, port), _channel(port) as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await channel.unary_unary("/t.T/Fails")(b"x", timeout=20)
+            assert caught.value.code() == grpc.StatusCode.INTERNAL
+            details = caught.value.details()
+            assert details.startswith("é  /models/m/1/model.py(5): helper") and details.endswith(TRUNCATED)
+            assert len(percent_encoded(details)) <= MAX_STATUS_BYTES
+
+    run(body())
+
+
+@pytest.mark.parametrize("char", ["a", "%", "é", "😀"])
+def test_fitting_cuts_at_a_character_within_the_limit(char):
+    for length in (1, 100, 1000, 5000):
+        message = char * length
+        cut = fitting(message, limit=300)
+        assert len(percent_encoded(cut)) <= 300
+        assert cut == message or (cut.endswith(TRUNCATED) and message.startswith(cut.removesuffix(TRUNCATED)))
+    assert fitting("short") == "short"
