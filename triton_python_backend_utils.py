@@ -423,9 +423,10 @@ class InferenceResponseSender:
     request with ``send(response, flags=TRITONSERVER_RESPONSE_COMPLETE_FINAL)`` (or ``send
     (response)`` then ``send(flags=TRITONSERVER_RESPONSE_COMPLETE_FINAL)``) instead of in the
     list it returns, as Triton 2.51 serves it (asked of it). The rules and messages are
-    python_backend's ``ResponseSender`` (``src/response_sender.cc``): one response, then
-    nothing after the final flag, and no final flag before a response, each refused with
-    :class:`TritonModelException`; a BLS request's sender refuses every send. The server reads
+    python_backend's (``src/response_sender.cc``, ``src/pb_stub.cc``): flags 0 or the final
+    flag, a response with flags 0, one response, nothing after the final flag and no final
+    flag before a response, each refused with :class:`TritonModelException`; a BLS request's
+    sender refuses every send. The server reads
     what was sent when ``execute`` returns: a response sent later, from another thread, is not
     taken."""
 
@@ -435,6 +436,11 @@ class InferenceResponseSender:
         self._closed = False  # the final flag was sent
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
+            raise TritonModelException("Unable to send response. Unsupported flag provided.")
+        if flags == 0 and response is None:
+            raise TritonModelException("Inference Response object must be provided when the response flags "
+                                       "is set to zero.")  # fmt: skip
         if not self._received:
             raise TritonModelException("Unable to send response. Response sender has no reference to the "
                                        "decoupled state of the model.")  # fmt: skip

@@ -182,7 +182,7 @@ def _numbers(data: Any, dtype: np.dtype) -> np.ndarray:
     if dtype.kind in "iu" and values.dtype.kind in "fO":
         return _big_integers(data, dtype)  # numpy parsed ints past int64 as float/object
     if values.size and values.dtype.kind not in _ACCEPTS[dtype.kind]:
-        kind = _JSON_KINDS.get(values.dtype.kind, "null, mixed or over-64-bit")
+        kind = _JSON_KINDS.get(values.dtype.kind, "null, object, mixed or over-64-bit")
         raise ValueError(f"JSON {kind} values are not {_NEEDS[dtype.kind]}")
     if dtype.kind in "iu" and values.size:  # by value: a cast back would hide a wrap-around
         info = np.iinfo(dtype)

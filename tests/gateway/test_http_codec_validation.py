@@ -149,7 +149,7 @@ def test_parse_rejects_malformed(body, length):
 @pytest.mark.parametrize(
     ("datatype", "data", "kind"),
     [("FP32", ["a", "b"], "string"), ("FP32", [True, False], "boolean"), ("FP32", [1, "x"], "string"),
-     ("FP64", [None, 1], "null, mixed or over-64-bit"), ("BOOL", [1, 0], "number")],
+     ("FP64", [None, 1], "null, object, mixed or over-64-bit"), ("BOOL", [1, 0], "number")],
 )  # fmt: skip
 def test_json_data_of_the_wrong_kind_is_named_by_its_json_kind(datatype, data, kind):
     """The refusal names the JSON kind of the values and what the datatype needs, never

@@ -412,10 +412,48 @@ def test_a_send_that_python_backend_refuses_fails_the_batch_with_its_message(tmp
     assert caught.value.message.startswith(FAILED + f"TritonModelException: {message}")
 
 
-def test_a_request_neither_sent_nor_returned_fails_the_batch(tmp_path):
+def test_a_request_neither_sent_nor_returned_fails_alone(tmp_path):
+    """The request that was sent its response keeps it; the other one fails (500)."""
     body = "requests[0].get_response_sender().send(answer(requests[0], 1), flags=FINAL)"
     backend = load(write_model(tmp_path, "m", SENDS.replace("{body}", body)))
-    with pytest.raises(InferenceFailed) as caught:
-        backend.execute_requests([request(1.0), request(2.0)])
+    sent, unanswered = backend.execute_requests([request(1.0), request(2.0)])
+    assert [t.name for t in sent] == ["Y", "Z"] and sent[0].data.flat[0] == 2.0
+    assert isinstance(unanswered, NaiadError) and unanswered.status == HTTPStatus.INTERNAL_SERVER_ERROR
     expected = "no response was sent or returned for request 1 of 2 (request id '')"
-    assert caught.value.message == FAILED + expected
+    assert unanswered.message == FAILED + expected
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("requests[0].get_response_sender().send()",
+         "Inference Response object must be provided when the response flags is set to zero."),
+        ("requests[0].get_response_sender().send(answer(requests[0], 1), flags=7)",
+         "Unable to send response. Unsupported flag provided."),
+    ],
+    ids=["nothing", "unknown-flag"],
+)  # fmt: skip
+def test_a_send_with_bad_arguments_is_refused_with_python_backends_message(tmp_path, body, message):
+    backend = load(write_model(tmp_path, "m", SENDS.replace("{body}", body)))
+    with pytest.raises(InferenceFailed) as caught:
+        backend.execute_requests([request(1.0)])
+    assert caught.value.message.startswith(FAILED + f"TritonModelException: {message}")
+
+
+@pytest.mark.parametrize("raised", ["SystemExit(3)", "KeyboardInterrupt()"])
+def test_system_exit_from_execute_fails_the_batch_not_the_worker(tmp_path, raised):
+    """As Triton's stub reports it ("... message: SystemExit: 3"); the backend serves on."""
+    source = f"""
+        import triton_python_backend_utils as pb_utils
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                if requests[0].inputs()[0].as_numpy().flat[0] < 0:
+                    raise {raised}
+                return [pb_utils.InferenceResponse([]) for r in requests]
+    """
+    backend = load(write_model(tmp_path, "m", source))
+    with pytest.raises(InferenceFailed) as caught:
+        backend.execute_requests([request(-1.0)])
+    assert caught.value.message.startswith(FAILED + raised.split("(")[0])
+    assert backend.execute_requests([request(1.0)]) != []  # still serving

@@ -291,7 +291,7 @@ class PythonBackend:
                     responses = self._loop.run_until_complete(self.model.execute(requests))
                 else:
                     responses = self.model.execute(requests)
-            except Exception as exc:
+            except (Exception, SystemExit, KeyboardInterrupt) as exc:  # the model's: never the worker's end
                 logger.exception("execute of model '%s' raised", self.config.name)
                 raise self._failed(f"{type(exc).__name__}: {exc}{model_frames(exc)}") from exc
         if any(request._sender is not None for request in requests):
@@ -311,14 +311,16 @@ class PythonBackend:
     def _sent(self, returned: Any, requests: list[pb_utils.InferenceRequest]) -> Any:
         """The responses of a batch in which ``execute`` used response senders: a request's
         sent response, else its response in the list ``execute`` returned (when it returned
-        one per request). :class:`InferenceFailed` for a request left with neither."""
+        one per request), else an error response for that request alone (the others keep
+        what they were sent)."""
         listed = returned if type(returned) is list and len(returned) == len(requests) else None
         responses = []
         for index, request in enumerate(requests):
             sent = request._sender._response if request._sender is not None else None
             if sent is None and listed is None:
-                raise self._failed(f"no response was sent or returned for request {index} of "
-                                   f"{len(requests)} (request id '{request.request_id()}')")  # fmt: skip
+                message = (f"no response was sent or returned for request {index} of {len(requests)} "
+                           f"(request id '{request.request_id()}')")  # fmt: skip
+                sent = pb_utils.InferenceResponse(error=pb_utils.TritonError(self._failed(message).message))
             responses.append(sent if sent is not None else listed[index])  # type: ignore[index]
         return responses
 
