@@ -426,9 +426,8 @@ class InferenceResponseSender:
     python_backend's (``src/response_sender.cc``, ``src/pb_stub.cc``): flags 0 or the final
     flag, a response with flags 0, one response, nothing after the final flag and no final
     flag before a response, each refused with :class:`TritonModelException`; a BLS request's
-    sender refuses every send. The server reads
-    what was sent when ``execute`` returns: a response sent later, from another thread, is not
-    taken."""
+    sender refuses every send. The server reads what was sent when ``execute`` returns: a
+    response sent later, from another thread, is not taken."""
 
     def __init__(self, received: bool = True) -> None:
         self._received = received  # False: a BLS request's, which has no model to answer for

@@ -68,7 +68,13 @@ class Metadatum(NamedTuple):
 
 def percent_encoded(message: str) -> str:
     """``grpc-message``'s encoding: UTF-8, bytes outside printable ASCII and ``%`` as ``%XX``."""
-    return "".join(chr(b) if 0x20 <= b <= 0x7E and b != 0x25 else f"%{b:02X}" for b in message.encode())
+    return "".join(map(_percent_encoded_char, message))
+
+
+def _percent_encoded_char(char: str) -> str:
+    if " " <= char <= "~" and char != "%":
+        return char
+    return "".join(f"%{b:02X}" for b in char.encode())
 
 
 #: Most bytes of a status message once percent-encoded: gRPC's C core refuses received
@@ -86,7 +92,7 @@ def fitting(message: str, limit: int = MAX_STATUS_BYTES) -> str:
         return message
     size = 0
     for index, char in enumerate(message):
-        size += 1 if 0x20 <= ord(char) <= 0x7E and char != "%" else 3 * len(char.encode())
+        size += len(_percent_encoded_char(char))
         if size > limit - len(TRUNCATED):
             return message[:index] + TRUNCATED
     return message

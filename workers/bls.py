@@ -53,6 +53,10 @@ def _before_run(error: NaiadError | RedisError, model: str) -> str:
     Triton for an unknown model), else Naiad's own message."""
     if isinstance(error, ModelNotFound | ModelNotReady):
         return f"Failed for execute the inference request. Model '{model}' is not ready."
+    return _message(error)
+
+
+def _message(error: NaiadError | RedisError) -> str:
     return error.message if isinstance(error, NaiadError) else f"Redis is unavailable: {error}"
 
 
@@ -89,10 +93,8 @@ class BlsClient:
             return _failed(f"Model {model} - Error when running inference: {_before_run(exc, model)}")
         try:
             response = await self._infer(entry, version, request)
-        except NaiadError as exc:
-            return _failed(exc.message)
-        except RedisError as exc:
-            return _failed(f"Redis is unavailable: {exc}")
+        except (NaiadError, RedisError) as exc:
+            return _failed(_message(exc))
         return pb_utils.InferenceResponse([pb_utils.Tensor(t.name, t.data) for t in response.outputs])
 
     async def _target(self, model: str, version: int) -> tuple[ModelEntry, int]:

@@ -46,10 +46,11 @@ import logging
 import os
 import sys
 import threading
+import traceback
 import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from types import ModuleType, TracebackType
+from types import ModuleType
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -86,18 +87,10 @@ def model_frames(exc: BaseException) -> str:
     ``error_already_set`` text, which the stub sends; the stub's own code is C++). Naiad's
     frames (``pb_utils``, BLS: C++ in Triton) and asyncio's (an ``async def execute``) are
     left out."""
-    frames = [(t.tb_frame.f_code, t.tb_lineno) for t in _entries(exc.__traceback__)]
+    frames = [(frame.f_code, line) for frame, line in traceback.walk_tb(exc.__traceback__)]
     model = [(code, line) for code, line in reversed(frames) if not code.co_filename.startswith(_NOT_MODEL)]
     lines = "".join(f"  {code.co_filename}({line}): {code.co_name}\n" for code, line in model)
     return f"\n\nAt:\n{lines}" if lines else ""
-
-
-def _entries(trace: TracebackType | None) -> list[TracebackType]:
-    entries = []
-    while trace is not None:
-        entries.append(trace)
-        trace = trace.tb_next
-    return entries
 
 
 #: Where frames that are not the model's code come from: asyncio, Naiad's packages, ``pb_utils``.
