@@ -1,0 +1,145 @@
+"""A c1 request's critical path, stage by stage: wall time between marks in the client, the
+gateway and the worker.
+
+Starts ``naiad serve`` on the benchmark repository with :mod:`bench.perf.timeline_hook` first
+on its ``PYTHONPATH`` (so every Naiad process loads its ``sitecustomize``), loads ``--model``
+at concurrency 1 over HTTP (:mod:`bench.perf.loadgen`, its own keep-alive client) until the
+worker is up and warm, then has each process mark each call of the functions of
+:data:`TARGETS` (wrapped as their modules are imported) at its start and end
+(``time.perf_counter_ns``: ``CLOCK_MONOTONIC``, one clock across the machine's processes)
+for ``--duration`` seconds, the load generator marking each request written and each
+answer's first bytes read. The marks are merged in time order and cut into
+cycles at each request written; over the cycles that pass the most common sequence of marks
+(a request that took another way, through Redis, or a flush of statistics in between, is left
+out), it prints each step's p50 and mean (µs) and the request's p50 from written to read.
+
+Each mark costs its process ~1 µs (a wrapper call, a clock read, a list append): the figures
+are those of a slightly slower server, read as shares. Steps between marks of two processes
+include a process wake-up.
+
+    .venv/bin/python -m bench.perf.timeline --model digits --encoding json --duration 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from bench.perf import loadgen
+from bench.perf.models import DEFAULT_REPOSITORY, ROOT, ensure_repository, target
+from bench.perf.servers import running, start_naiad
+
+HOOK = Path(__file__).parent / "timeline_hook"
+#: The functions marked, in the order a c1 request meets them: the gateway's HTTP front and
+#: JSON parse, the data plane, the hand-off to the worker, the worker's receipt, batch and
+#: model run, its reply, the gateway's receipt, rendering and answer.
+TARGETS = (
+    "gateway.http_fast:FastFront.data_received",
+    "gateway.http:parse_infer_request",
+    "gateway.dataplane:DataPlane.infer",
+    "naiad.queue_client:QueueDispatcher._fields",
+    "naiad.reply_channel:WorkerLink._write_now",
+    "naiad.reply_channel:GatewayLink.data_received",
+    "workers.worker:Worker._process",
+    "workers.execution:BatchExecutor.execute",
+    "workers.backends.onnxruntime:OnnxRuntimeBackend.infer",
+    "workers.backends.python:PythonBackend.execute_requests",
+    "naiad.reply_channel:ReplyConnections.send",
+    "naiad.reply_channel:WorkerLink.data_received",
+    "gateway.http:render_infer_response",
+    "gateway.http_fast:answer_head",
+)
+SENT, READ = "client: request written", "client: answer read"
+
+
+def mark_client(marks: list[tuple[str, int]], enabled: list[bool]) -> None:
+    """Mark each request the load generator writes and each first read of its answer."""
+    request, received = loadgen.HttpConnection.request, loadgen.HttpConnection.data_received
+
+    def marked_request(self, raw):
+        if enabled[0]:
+            marks.append((SENT, time.perf_counter_ns()))
+        return request(self, raw)
+
+    def marked_received(self, data):
+        if enabled[0] and self._waiter is not None:
+            marks.append((READ, time.perf_counter_ns()))
+        return received(self, data)
+
+    loadgen.HttpConnection.request = marked_request
+    loadgen.HttpConnection.data_received = marked_received
+
+
+def steps(marks: list[tuple[str, int]]) -> tuple[list[tuple[str, str, float, float]], float, int, int]:
+    """``marks`` (every process's, any order) as cycles from each request written: the most
+    common sequence's steps ``(from, to, p50 µs, mean µs)``, its p50 written → read (µs), the
+    cycles of that sequence and all cycles."""
+    cycles: list[list[tuple[int, str]]] = []
+    for ns, name in sorted((ns, name) for name, ns in marks):
+        if name == SENT:
+            cycles.append([])
+        if cycles:
+            cycles[-1].append((ns, name))
+    if not cycles:
+        raise SystemExit("no request was marked")
+    common = collections.Counter(tuple(n for _, n in c) for c in cycles).most_common(1)[0][0]
+    kept = [c for c in cycles if tuple(n for _, n in c) == common]
+    rows = []
+    for i, (first, second) in enumerate(zip(common, common[1:], strict=False)):
+        gaps = [(c[i + 1][0] - c[i][0]) / 1e3 for c in kept]
+        rows.append((first, second, statistics.median(gaps), statistics.mean(gaps)))
+    total = statistics.median((c[-1][0] - c[0][0]) / 1e3 for c in kept)
+    return rows, total, len(kept), len(cycles)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="digits")
+    p.add_argument("--encoding", choices=["json", "binary"], default="json")
+    p.add_argument("--warmup", type=float, default=3.0)
+    p.add_argument("--duration", type=float, default=4.0)
+    p.add_argument("--repository", type=Path, default=DEFAULT_REPOSITORY)
+    args = p.parse_args(argv)
+    folder = ROOT / ".bench" / "logs" / "timeline"
+    shutil.rmtree(folder, ignore_errors=True)
+    (folder / "marks").mkdir(parents=True)
+    env = {"NAIAD_TIMELINE_DIR": str(folder / "marks"), "NAIAD_TIMELINE_TARGETS": ",".join(TARGETS),
+           "PYTHONPATH": str(HOOK)}  # fmt: skip
+    marks: list[tuple[str, int]] = []
+    enabled = [False]
+    mark_client(marks, enabled)
+    server = start_naiad(ensure_repository(args.repository), folder, [args.model], env=env)
+    with running(server):
+        tgt = target(server.http_url, args.model, protocol="http", encoding=args.encoding)
+        loadgen.run(lambda: loadgen.measure(tgt, concurrency=[1], warmup_s=args.warmup, duration_s=0.5))
+        (folder / "marks" / "on").touch()
+        time.sleep(0.2)  # each process's watcher looks every 20 ms
+        enabled[0] = True
+        series = loadgen.run(
+            lambda: loadgen.measure(tgt, concurrency=[1], warmup_s=0.2, duration_s=args.duration)
+        )
+        enabled[0] = False
+        (folder / "marks" / "off").touch()
+        time.sleep(1.0)
+    for path in (folder / "marks").glob("marks-*.json"):
+        marks += [(name, ns) for name, ns in json.loads(path.read_text())]
+    rows, total, kept, cycles = steps(marks)
+    point = series["points"][0]
+    print(f"`python -m bench.perf.timeline {' '.join(sys.argv[1:] if argv is None else argv)}`: "
+          f"{point['throughput_rps']:.0f} req/s, p50 {point['latency_ms']['p50']:.3f} ms (the load "
+          f"generator's count, marks included); {kept} of {cycles} cycles in the most common "
+          f"sequence, p50 written → read {total:.0f} µs\n")  # fmt: skip
+    print("| from | to | p50 µs | mean µs |\n| --- | --- | --- | --- |")
+    for first, second, p50, mean in rows:
+        print(f"| {first} | {second} | {p50:.1f} | {mean:.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""Marks for :mod:`bench.perf.timeline`, loaded by every Naiad process of a timeline run.
+
+This folder goes first on ``PYTHONPATH`` of the ``naiad serve`` that :mod:`bench.perf.timeline`
+starts (its workers inherit it), so Python imports this module at start-up (``site``:
+``sitecustomize``). With ``NAIAD_TIMELINE_DIR`` set it starts a daemon thread that wraps
+each function named in ``NAIAD_TIMELINE_TARGETS`` (``module:Qualified.name``, comma-separated)
+as soon as its module is imported (every 20 ms it looks; early, because an event loop's
+transport keeps the ``data_received`` of its protocol from the connection's start), so that
+each call, once the file ``on`` is there, appends ``("Name<", ns)`` and ``("Name>", ns)``
+(``time.perf_counter_ns``: ``CLOCK_MONOTONIC``, one clock for every process of the machine);
+at the file ``off`` it writes the marks to ``marks-PID.json`` and stops. Without the variable
+it does nothing.
+"""
+
+import os
+
+if os.environ.get("NAIAD_TIMELINE_DIR"):
+    import inspect
+    import json
+    import sys
+    import threading
+    import time
+
+    _folder = os.environ["NAIAD_TIMELINE_DIR"]
+    _marks: list[tuple[str, int]] = []
+    _on = [False]
+
+    def _wrap(owner, name: str, tag: str) -> None:
+        original, clock = getattr(owner, name), time.perf_counter_ns
+        if inspect.iscoroutinefunction(original):
+            async def wrapped(*args, **kwargs):
+                if _on[0]:
+                    _marks.append((tag + "<", clock()))
+                try:
+                    return await original(*args, **kwargs)
+                finally:
+                    if _on[0]:
+                        _marks.append((tag + ">", clock()))
+        else:
+            def wrapped(*args, **kwargs):
+                if _on[0]:
+                    _marks.append((tag + "<", clock()))
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    if _on[0]:
+                        _marks.append((tag + ">", clock()))
+        setattr(owner, name, wrapped)
+
+    def _patch(pending: set[str]) -> None:
+        for spec in list(pending):
+            module_name, _, qualified = spec.partition(":")
+            owner = sys.modules.get(module_name)
+            if owner is None:
+                continue
+            *path, name = qualified.split(".")
+            try:
+                for part in path:
+                    owner = getattr(owner, part)
+                _wrap(owner, name, ".".join(qualified.split(".")[-2:]))
+            except AttributeError:  # not yet defined (a module being imported): next look
+                continue
+            pending.discard(spec)
+
+    def _watch() -> None:
+        pending = set(filter(None, os.environ.get("NAIAD_TIMELINE_TARGETS", "").split(",")))
+        while not os.path.exists(os.path.join(_folder, "off")):
+            if pending:
+                _patch(pending)
+            _on[0] = _on[0] or os.path.exists(os.path.join(_folder, "on"))
+            time.sleep(0.02)
+        _on[0] = False
+        with open(os.path.join(_folder, f"marks-{os.getpid()}.json"), "w") as out:
+            json.dump(_marks, out)
+
+    threading.Thread(target=_watch, daemon=True, name="naiad-timeline").start()
