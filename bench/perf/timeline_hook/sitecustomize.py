@@ -8,8 +8,9 @@ as soon as its module is imported (every 20 ms it looks; early, because an event
 transport keeps the ``data_received`` of its protocol from the connection's start), so that
 each call, once the file ``on`` is there, appends ``("Name<", ns)`` and ``("Name>", ns)``
 (``time.perf_counter_ns``: ``CLOCK_MONOTONIC``, one clock for every process of the machine);
-at the file ``off`` it writes the marks to ``marks-PID.json`` and stops. Without the variable
-it does nothing.
+at the file ``off`` it writes the marks to ``marks-PID.json`` (whole: a temporary file
+renamed) and stops. Without the variable it does nothing. Being first on the path, it stands
+in for any ``sitecustomize`` of the system (Debian's, for apport) in those processes.
 """
 
 import os
@@ -70,7 +71,9 @@ if os.environ.get("NAIAD_TIMELINE_DIR"):
             _on[0] = _on[0] or os.path.exists(os.path.join(_folder, "on"))
             time.sleep(0.02)
         _on[0] = False
-        with open(os.path.join(_folder, f"marks-{os.getpid()}.json"), "w") as out:
+        path = os.path.join(_folder, f"marks-{os.getpid()}.json")
+        with open(path + ".part", "w") as out:
             json.dump(_marks, out)
+        os.replace(path + ".part", path)
 
     threading.Thread(target=_watch, daemon=True, name="naiad-timeline").start()
