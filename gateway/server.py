@@ -86,7 +86,7 @@ async def _dispatcher(
     orphaned = dispatcher.orphaned if hand_off else None
     replies = None
     if settings.direct_replies:
-        replies = ReplyServer(dispatcher.deliver, dispatcher.record_execution, orphaned)
+        replies = ReplyServer(dispatcher.deliver, dispatcher.record_executions, orphaned)
     if replies is not None:
         try:
             await replies.start()

@@ -16,7 +16,8 @@ instead, so a reply is never lost to this path; a second copy is dropped by the 
 The statistics of the batch travel in the same frame (:func:`encode_executions`) and the
 gateway records them with its own (:class:`naiad.stats_writer.StatsWriter`), so a client
 that has its answer sees them after that gateway's flush, as when the worker wrote them to
-Redis before the reply.
+Redis before the reply. It queues them undecoded: they are decoded when written, off the
+answer's path (:meth:`naiad.queue_client.QueueDispatcher.record_executions`).
 
 The same connection also carries requests the other way, to a worker that is idle (direct
 hand-off): a worker about to wait for work *offers* each gateway it is connected to up to
@@ -157,10 +158,11 @@ class ReplyServer:
     """The gateway's end: a Unix socket in a directory only this user can enter.
 
     ``deliver(replies)`` gets each frame's replies (:meth:`naiad.queue_client.QueueDispatcher.deliver`)
-    and ``record(model, execution)`` its statistics, first."""
+    and ``record(raw)`` its statistics first, as sent (:func:`encode_executions`' bytes,
+    undecoded: :meth:`naiad.queue_client.QueueDispatcher.record_executions`)."""
 
     def __init__(
-        self, deliver: Callable[[bytes], None], record: Callable[[str, stats.Execution], None],
+        self, deliver: Callable[[bytes], None], record: Callable[[bytes], None],
         orphaned: Callable[[str], None] | None = None,
     ) -> None:  # fmt: skip
         #: ``orphaned(queue_id)`` takes back a request handed to a worker that went away; without
@@ -402,13 +404,7 @@ class WorkerLink(asyncio.Protocol):
                 self.close()
             return
         if raw_stats:
-            try:
-                model, runs = decode_executions(raw_stats)
-            except ValueError as exc:
-                logger.warning("%s", exc)
-            else:
-                for run in runs:
-                    self.server.record(model, run)
+            self.server.record(raw_stats)
         if replies:
             self.server.deliver(replies)
 

@@ -108,7 +108,8 @@ class Batcher:
         """The next batch (removed from the window), or ``([], seconds)`` to wait at most that
         long for more (the batching delay, or a queue timeout that ends sooner). ``flush``:
         no waiting (draining). A reclaimed request comes first, alone, at once."""
-        self._held.sort(key=lambda h: h.order(now))
+        if len(self._held) > 1:
+            self._held.sort(key=lambda h: h.order(now))
         alone = next((h for h in self._held if reclaim.runs_alone(h.queued.deliveries)), None)
         if alone is not None:
             self._held.remove(alone)

@@ -59,7 +59,7 @@ def next_batch(
     best: list[int] | None = None
     pending, full = 0, False
     for index, request in enumerate(requests):
-        if batch_key(request) != key:
+        if index and batch_key(request) != key:  # the first opened the batch: its key
             full = True  # Triton sends at once what waits behind an incompatible request
             if contiguous:
                 break

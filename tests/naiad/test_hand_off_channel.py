@@ -52,7 +52,7 @@ class Gateway:
     def __init__(self, redis_url: str):
         self.redis = connect(redis_url)
         self.dispatcher = QueueDispatcher(self.redis, connect(redis_url, longest_block_s=6))
-        self.server = ReplyServer(self.dispatcher.deliver, self.dispatcher.record_execution,
+        self.server = ReplyServer(self.dispatcher.deliver, self.dispatcher.record_executions,
                                   self.dispatcher.orphaned)  # fmt: skip
 
     async def __aenter__(self) -> Gateway:
@@ -382,3 +382,34 @@ def test_a_request_alone_in_its_gateway_is_written_at_once_others_wait_for_compa
             worker.sender.direct.close()
 
     asyncio.run(scenario())
+
+
+def test_a_frames_statistics_are_decoded_when_written_and_a_malformed_one_adds_nothing(redis_url, caplog):
+    """The queue client queues a frame's statistics as sent (:meth:`QueueDispatcher.record_executions`):
+    a reader's flush (StatsWriter) decodes and writes them, so they count in Redis once it
+    returns; a malformed frame is logged then and adds nothing, the good one beside it still
+    counts."""
+    from naiad import stats  # noqa: PLC0415
+    from naiad.stats_writer import StatsWriter  # noqa: PLC0415
+
+    run_ = stats.Execution(1, 2, [10, 30], {"compute_infer": 5}, 1000)
+    good = reply_channel.encode_executions(MODEL, [run_, run_])
+    bad = reply_channel.msgpack.packb([MODEL, [[1, 1, [10], {"compute_infer": "x"}, 5]]])
+
+    async def scenario():
+        redis = connect(redis_url)
+        await redis.delete(keys.stats(MODEL))
+        dispatcher, writer = QueueDispatcher(redis, redis), StatsWriter(redis)
+        dispatcher.stats_sink = writer.add
+        dispatcher.record_executions(good)
+        dispatcher.record_executions(bad)
+        queued_only = await redis.hget(keys.stats(MODEL), "1:execution_count")
+        await writer.flush()
+        written = await redis.hgetall(keys.stats(MODEL))
+        await redis.aclose()
+        return queued_only, written
+
+    queued_only, written = asyncio.run(scenario())
+    assert queued_only is None  # nothing decoded nor written before the flush
+    assert int(written[b"1:execution_count"]) == 2 and int(written[b"1:inference_count"]) == 4
+    assert "malformed statistics in a reply frame" in caplog.text
