@@ -91,19 +91,6 @@ class Batcher:
         """Entries to claim to fill the window."""
         return max(self.policy.window - len(self._held), 0)
 
-    def priority_room(self) -> tuple[int, int]:
-        """``(level, count)``: the lowest priority held (its level number, the highest held)
-        and how many requests of higher priority may still join the window, the held ones of
-        that level not counting against them: a full window claims those
-        (:meth:`workers.queue_reader.QueueReader.read_above`) so that a higher-priority
-        request overtakes what it holds. ``(0, 0)`` when it holds nothing. The window then
-        holds at most twice its size."""
-        if not self._held:
-            return 0, 0
-        lowest = max(h.queued.level for h in self._held)
-        above = sum(1 for h in self._held if h.queued.level < lowest)
-        return lowest, max(self.policy.window - above, 0)
-
     def add(self, requests: Iterable[QueuedRequest]) -> None:
         for queued in requests:
             parameters = queued.request.parameters

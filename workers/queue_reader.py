@@ -91,19 +91,6 @@ class QueueReader:
         found = await self._read(keys=self.streams, args=[keys.WORKER_GROUP, self.consumer, count])
         return await self.claimed(found, count, block_ms, sent)
 
-    async def read_above(self, level: int, count: int) -> list[QueuedRequest]:
-        """Claim up to ``count`` new entries of the priority levels above ``level`` (a
-        lower number: higher priority), highest first, without blocking; none without
-        priority levels. What a worker whose window is full of lower-priority requests
-        claims, so that a higher-priority one still overtakes them (Triton's scheduler has
-        no window: every waiting request is in its priority queue)."""
-        above = self.streams[: max(level - 1, 0)] if self.levels else []
-        if count <= 0 or not above:
-            return []
-        sent = time.monotonic()
-        found = await self._read(keys=above, args=[keys.WORKER_GROUP, self.consumer, count])
-        return await self.claimed(found, count, None, sent)
-
     def read_on(self, pipe: Pipeline, count: int, block_ms: int | None) -> float:
         """Queue :meth:`read`'s claim as the next command of ``pipe`` (sent with what the
         worker sends anyway: one round trip less per batch); decode its reply with

@@ -223,8 +223,6 @@ class Worker:
                 self._claiming = asyncio.ensure_future(self._read(count, block_ms))
             else:
                 self.batcher.add(await self.queue.read(count, block_ms))
-            if not count:  # a full window: a higher-priority request still overtakes it
-                self.batcher.add(await self.queue.read_above(*self.batcher.priority_room()))
         if self._claiming is not None:
             await self._collect(wait=not len(self.batcher))
         if not len(self.batcher):

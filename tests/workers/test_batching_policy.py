@@ -181,22 +181,6 @@ def test_batcher_serves_higher_levels_first_then_arrival():
     assert batch == [*high, *low] and wait == 0.0 and len(held) == 0
 
 
-def test_a_full_window_leaves_room_for_what_outranks_its_lowest_level():
-    """priority_room: the lowest priority held and the room of the levels above it, the
-    held requests of that level not counting against them (the window is 16 here)."""
-    held = batcher()
-    assert held.priority_room() == (0, 0)
-    held.add([queued(1, level=2, entry=n) for n in range(16)])
-    assert held.room == 0 and held.priority_room() == (2, 16)
-    held.add([queued(1, level=1, entry=n) for n in range(16, 21)])
-    assert held.priority_room() == (2, 11)
-    batch, _ = held.take(now=100.0)
-    assert [q.level for q in batch] == [1] * 5 + [2] * 3  # the higher level first
-    only_high = batcher()
-    only_high.add([queued(1, level=1, entry=1)])
-    assert only_high.priority_room() == (1, 16)  # nothing above level 1: read_above claims none
-
-
 def test_batcher_delay_policy_serves_timed_out_requests_after_the_others():
     held = batcher()
     late = queued(1, level=1, entry=1, enqueued_at=90.0)  # its level-1 DELAY timeout (1 s) has passed

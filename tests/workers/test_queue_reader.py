@@ -58,27 +58,6 @@ def test_reads_the_highest_level_first(redis_url: str) -> None:
     run(redis_url, scenario)
 
 
-def test_a_full_window_claims_only_what_outranks_its_lowest_level(redis_url: str) -> None:
-    """read_above(level, count): the levels above ``level`` only, highest first, at most
-    ``count``, never blocking; nothing above level 1, nor without priority levels."""
-
-    async def scenario(reader: QueueReader, redis) -> None:
-        for level, values in ((3, [30, 31]), (2, [20]), (1, [10, 11])):
-            for v in values:
-                await redis.xadd(keys.request_stream(MODEL, level), fields(v))
-        assert await reader.read_above(1, 10) == []
-        two = await reader.read_above(3, 2)
-        assert [(value(q), q.level) for q in two] == [(10, 1), (11, 1)]
-        rest = await reader.read_above(3, 10)
-        assert [(value(q), q.level) for q in rest] == [(20, 2)]  # level 3 stays queued
-        assert await reader.read_above(3, 10) == [] and await reader.read_above(2, 0) == []
-        assert [value(q) for q in await reader.read(10, None)] == [30, 31]
-        plain = QueueReader(redis, MODEL, "w2")  # no priority levels: the plain stream only
-        assert await plain.read_above(3, 10) == []
-
-    run(redis_url, scenario)
-
-
 def test_blocks_on_every_level_when_all_are_empty(redis_url: str) -> None:
     async def scenario(reader: QueueReader, redis) -> None:
         waiting = asyncio.create_task(reader.read(5, 3000))
