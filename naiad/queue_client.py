@@ -583,9 +583,8 @@ class QueueDispatcher:
         """Record the statistics of the batches that came with replies on the direct reply
         channel (:func:`naiad.reply_channel.encode_executions`' bytes) with this client's own
         (``stats_sink``): a reader of this gateway's statistics flushes them first, as its
-        own. They are decoded when they are written, not here: a c1 request's answer waited
-        ~17 µs for the decoding (docs/benchmarks.md, "Stop 39"); a malformed one is logged
-        then, and dropped."""
+        own. They are decoded when they are written, not here, off the answer's path
+        (docs/benchmarks.md, "Stop 39"); a malformed one is logged then, and dropped."""
         if self.stats_sink is not None:
             self.stats_sink(lambda pipe: _add_executions(pipe, raw))
         else:

@@ -404,12 +404,13 @@ def test_a_frames_statistics_are_decoded_when_written_and_a_malformed_one_adds_n
         dispatcher.record_executions(good)
         dispatcher.record_executions(bad)
         queued_only = await redis.hget(keys.stats(MODEL), "1:execution_count")
+        decoded_before = "malformed statistics" in caplog.text  # the bad frame not yet decoded
         await writer.flush()
         written = await redis.hgetall(keys.stats(MODEL))
         await redis.aclose()
-        return queued_only, written
+        return queued_only, decoded_before, written
 
-    queued_only, written = asyncio.run(scenario())
-    assert queued_only is None  # nothing decoded nor written before the flush
+    queued_only, decoded_before, written = asyncio.run(scenario())
+    assert queued_only is None and not decoded_before  # nothing written nor decoded before the flush
     assert int(written[b"1:execution_count"]) == 2 and int(written[b"1:inference_count"]) == 4
     assert "malformed statistics in a reply frame" in caplog.text
