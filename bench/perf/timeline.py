@@ -118,11 +118,11 @@ def collect(folder: Path, timeout_s: float = 10.0) -> list[tuple[str, int]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="digits")
-    p.add_argument("--encoding", choices=["json", "binary"], default="json")
-    p.add_argument("--warmup", type=float, default=3.0)
-    p.add_argument("--duration", type=float, default=4.0)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
+    p.add_argument("--model", default="digits", help="a model of the benchmark repository")
+    p.add_argument("--encoding", choices=["json", "binary"], default="json", help="HTTP body")
+    p.add_argument("--warmup", type=float, default=3.0, help="seconds of load before the marks")
+    p.add_argument("--duration", type=float, default=4.0, help="seconds of load marked")
     p.add_argument("--repository", type=Path, default=DEFAULT_REPOSITORY)
     args = p.parse_args(argv)
     if args.model not in BUILDERS and not (args.repository / args.model / "config.pbtxt").exists():
