@@ -426,15 +426,25 @@ class GatewayLink(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
+        requests = 0
+        try:
+            requests = self._requests()
+        finally:
+            if requests:
+                self.owner.on_read()
+
+    def _requests(self) -> int:
+        """Hand each whole frame of the buffer to the owner's callbacks: the requests handed."""
+        requests = 0
         while len(self.buffer) >= REQUEST.size and self.transport is not None:
             level, header_len, data_len = REQUEST.unpack_from(self.buffer)
             end = REQUEST.size + header_len + data_len
             if end > MAX_FRAME_BYTES:
                 logger.warning("closed the connection to a gateway that sent a frame of %d bytes", end)
                 self.transport.close()
-                return
+                return requests
             if len(self.buffer) < end:
-                return
+                return requests
             with memoryview(self.buffer) as view:
                 header = bytes(view[REQUEST.size : REQUEST.size + header_len])
                 entry_data = bytes(view[REQUEST.size + header_len : end])
@@ -445,6 +455,8 @@ class GatewayLink(asyncio.Protocol):
             self.offered = max(self.offered - 1, 0)  # one request of the offer (a request of an
             # older offer may arrive after a newer one: the two sides' counts can differ)
             self.owner.on_request(level, header, entry_data)
+            requests += 1
+        return requests
 
 
 class ReplyConnections:
@@ -461,6 +473,8 @@ class ReplyConnections:
         self._failed: dict[Address, float] = {}  # address -> monotonic time to try again
         self.on_request = on_request or (lambda level, header, data: None)
         self.on_withdraw: Callable[[str], None] = lambda queue_id: None
+        #: Called once a read's requests are all handed to ``on_request`` (those that came together).
+        self.on_read: Callable[[], None] = lambda: None
         #: ``(model, versions)`` this worker takes requests of when idle; None: it offers none.
         self.offer: tuple[str, list[int]] | None = None
         #: Requests one offer asks for: the worker's batch (at most :data:`MAX_OFFER`).
@@ -476,11 +490,28 @@ class ReplyConnections:
         """Write one frame to ``address``; False when it cannot go this way (the caller
         sends the replies, and the statistics, through Redis). ``offer``: the worker will
         be idle after this batch: the frame carries its offer when that gateway has none."""
+        link = self._open(address) or await self._connect(address)
+        return link is not None and self._write(link, replies, raw_stats, offer)
+
+    def takes_now(self, address: Address) -> bool:
+        """Whether :meth:`send_now` to ``address`` would write: its connection is open and
+        its write buffer under :data:`MAX_BUFFERED_BYTES`."""
+        link = self._open(address)
+        return link is not None and link.transport.get_write_buffer_size() <= MAX_BUFFERED_BYTES  # type: ignore[union-attr]
+
+    def send_now(self, address: Address, replies: bytes, raw_stats: bytes = b"", offer: bool = False) -> bool:
+        """:meth:`send` within the caller's turn of the event loop: False, nothing written,
+        when it would have to connect first, or cannot write."""
+        link = self._open(address)
+        return link is not None and self._write(link, replies, raw_stats, offer)
+
+    def _open(self, address: Address) -> GatewayLink | None:
         link = self._links.get(address)
         if link is None or link.transport is None or link.transport.is_closing():
-            link = await self._connect(address)
-            if link is None:
-                return False
+            return None
+        return link
+
+    def _write(self, link: GatewayLink, replies: bytes, raw_stats: bytes, offer: bool) -> bool:
         transport = link.transport
         assert transport is not None
         if transport.get_write_buffer_size() > MAX_BUFFERED_BYTES:

@@ -27,7 +27,7 @@ import math
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -100,20 +100,69 @@ class BatchExecutor:
                 if is_request_level(runner):
                     return await run_requests(runner, group, self.thread, self.spin_watch)
                 return await self._run_merged(runner, group)
-        except NaiadError as exc:
-            error = exc
-        except Exception as exc:  # the backend's own errors reach the client with their text
-            logger.exception("inference failed on model '%s'", self.model)
-            error = InferenceFailed(f"inference failed: {exc}")
+        except Exception as exc:
+            return self._failed(group, exc), None
         finally:
             if self.spin_watch is not None:
                 self.spin_watch.batch_ended()
-        return [encode_reply(Reply(q.queue_id, error=error)) for q in group], None
+
+    def runnable_now(self, version: int, elements: int) -> ModelRunner | None:
+        """The runner :meth:`execute_now` would run a batch of ``version`` on (``elements``:
+        its inputs' element count, all inputs together), or None when that batch needs
+        something awaited: a version not loaded yet, the rate limiter, a request-level
+        backend (a Python model: its thread), a batch not expected to compute inline
+        (:meth:`inline`), or tracing (its spans)."""
+        runner = self.loader.loaded(version)
+        if runner is None or self.rate_limit is not None or tracing.enabled() or is_request_level(runner):
+            return None
+        return runner if self.inline(runner, elements) else None
+
+    def execute_now(
+        self, runner: ModelRunner, group: list[QueuedRequest]
+    ) -> tuple[list[bytes], stats.Execution | None]:  # fmt: skip
+        """:meth:`execute` within the caller's turn of the event loop, on ``runner`` (from
+        :meth:`runnable_now`, the same turn): nothing awaited, the same replies, statistics
+        and log context (a lone request handed to an idle worker: :mod:`workers.worker`)."""
+        ids = [q.request_id for q in group]
+        with logs.request_context(logs.batch_ids(ids), version=group[0].request.version):
+            if self.spin_watch is not None:
+                self.spin_watch.batch_started()
+            try:
+                started_ns = time.time_ns()
+                prepared = self._prepare(runner, group)
+                done = self._finish(runner, group, prepared, self._infer_inline(runner, prepared))
+                elapsed_ms = (time.time_ns() - started_ns) / 1e6
+                logger.debug("batch of %d requests done in %.2f ms", len(group), elapsed_ms)
+                return done
+            except Exception as exc:
+                return self._failed(group, exc), None
+            finally:
+                if self.spin_watch is not None:
+                    self.spin_watch.batch_ended()
+
+    def _failed(self, group: list[QueuedRequest], exc: Exception) -> list[bytes]:
+        """A failure of the whole batch: each request answered with it. A backend's own
+        error reaches the client with its text (:class:`InferenceFailed`)."""
+        if not isinstance(exc, NaiadError):
+            logger.exception("inference failed on model '%s'", self.model)
+            exc = InferenceFailed(f"inference failed: {exc}")
+        return [encode_reply(Reply(q.queue_id, error=exc)) for q in group]
 
     async def _run_merged(
         self, runner: ModelRunner, group: list[QueuedRequest]
     ) -> tuple[list[bytes], stats.Execution]:
         """Triton's phases, timed (module docstring) around merge, run, split."""
+        prepared = self._prepare(runner, group)
+        if self.inline(runner, prepared.elements):
+            results = self._infer_inline(runner, prepared)
+        else:
+            with tracing.span("naiad.backend", {"naiad.batch_rows": sum(prepared.sizes)}):
+                infer, feed, names = runner.backend.infer, prepared.feed, prepared.names
+                results = await self.thread.run(_with_spinners, self.spin_watch, infer, feed, names)
+        return self._finish(runner, group, prepared, results)
+
+    def _prepare(self, runner: ModelRunner, group: list[QueuedRequest]) -> _Prepared:
+        """compute_input: the batch's rows per request, merged into the backend's feed."""
         requests = [queued.request for queued in group]
         started_s, t0 = time.time(), time.perf_counter_ns()
         batched = runner.config.max_batch_size > 0
@@ -121,30 +170,52 @@ class BatchExecutor:
         feed = runner.feed(batching.merge(requests), sum(sizes))
         names = runner.names([o.name for o in requests[0].outputs])
         elements = sum(array.size for array in feed.values())
-        t1 = time.perf_counter_ns()
-        with tracing.span("naiad.backend", {"naiad.batch_rows": sum(sizes)}):
-            if self.inline(runner, elements):
-                results = _with_spinners(self.spin_watch, runner.backend.infer, feed, names)
-            else:
-                infer = runner.backend.infer
-                results = await self.thread.run(_with_spinners, self.spin_watch, infer, feed, names)
-        t2 = time.perf_counter_ns()
-        self._infer_ns.setdefault(runner, {})[elements.bit_length()] = t2 - t1
-        outputs = runner.restore(results, names, sum(sizes))
-        parts = batching.split(outputs, sizes) if batched else [outputs]
-        phases = {"compute_input": t1 - t0, "compute_infer": t2 - t1}
+        return _Prepared(started_s, t0, batched, sizes, feed, names, elements, time.perf_counter_ns())
+
+    def _infer_inline(self, runner: ModelRunner, prepared: _Prepared) -> Any:
+        """compute_infer on the event loop (:meth:`inline`)."""
+        with tracing.span("naiad.backend", {"naiad.batch_rows": sum(prepared.sizes)}):
+            return _with_spinners(self.spin_watch, runner.backend.infer, prepared.feed, prepared.names)
+
+    def _finish(
+        self, runner: ModelRunner, group: list[QueuedRequest], prepared: _Prepared, results: Any
+    ) -> tuple[list[bytes], stats.Execution]:  # fmt: skip
+        """compute_output: the outputs restored, split per request and encoded; the batch's
+        statistics (its compute_infer also kept for :meth:`inline`)."""
+        t1, t2 = prepared.t1, time.perf_counter_ns()
+        self._infer_ns.setdefault(runner, {})[prepared.elements.bit_length()] = t2 - t1
+        rows = sum(prepared.sizes)
+        outputs = runner.restore(results, prepared.names, rows)
+        parts = batching.split(outputs, prepared.sizes) if prepared.batched else [outputs]
+        phases = {"compute_input": t1 - prepared.t0, "compute_infer": t2 - t1}
         payloads = [
             encode_reply(Reply(q.queue_id, _tensors(part), timings_ns=dict(phases)))
             for q, part in zip(group, parts, strict=True)
         ]
         phases["compute_output"] = time.perf_counter_ns() - t2
-        return payloads, _execution(requests[0].version, sum(sizes), group, started_s, phases)
+        return payloads, _execution(group[0].request.version, rows, group, prepared.started_s, phases)
 
     def inline(self, runner: ModelRunner, elements: int) -> bool:
         """Run this batch (``elements``: its inputs' element count, all inputs together) on
         the event loop, not in a thread: when it is expected to take under
         :data:`INLINE_INFER_S` (:func:`expected_ns` of what ``runner`` took before)."""
         return expected_ns(self._infer_ns.get(runner, {}), elements) < INLINE_INFER_S * 1e9
+
+
+class _Prepared(NamedTuple):
+    """A merged batch ready for its backend (:meth:`BatchExecutor._prepare`): when it started
+    (``time.time()`` s, and ``t0``/``t1`` ``perf_counter_ns`` around compute_input), whether
+    the model batches, each request's rows (1 each when it does not), the feed, the output
+    names, and the feed's element count."""
+
+    started_s: float
+    t0: int
+    batched: bool
+    sizes: list[int]
+    feed: dict[str, np.ndarray]
+    names: list[str]
+    elements: int
+    t1: int
 
 
 def is_request_level(runner: ModelRunner) -> bool:

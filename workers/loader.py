@@ -92,6 +92,10 @@ class VersionLoader:
         await self.get(max(self.entry.versions))
         return self.entry
 
+    def loaded(self, version: int) -> ModelRunner | None:
+        """The runner of ``version`` when it is loaded already, else None."""
+        return self._runners.get(version)
+
     async def get(self, version: int) -> ModelRunner:
         """The runner of ``version``, pulled and loaded on first use."""
         runner = self._runners.get(version)
@@ -114,6 +118,10 @@ class VersionLoader:
                 close()
             except Exception:
                 logger.exception("closing a version of model '%s' failed", self.model)
+
+    def has_news(self) -> bool:
+        """Whether pulls or loads wait to be taken (:meth:`take_pulls`, :meth:`take_loads`)."""
+        return bool(self._pulls or self._loads)
 
     def take_pulls(self) -> list[PullStats]:
         """The downloads from the repository since the last call (a version found in the

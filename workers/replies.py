@@ -125,6 +125,28 @@ class ReplySender:
             return None
         return await self.queue.claimed(reply, *claim, sent), sent
 
+    def takes_now(self, queued: QueuedRequest) -> bool:
+        """Whether :meth:`send_now` would answer ``queued`` alone (no entry to acknowledge,
+        no telemetry to send, its gateway's direct connection open and taking writes)."""
+        address = queued.reply_address
+        return (
+            address is not None and not queued.entry_id and not self.loader.has_news()
+            and self.direct.takes_now(address)
+        )  # fmt: skip
+
+    def send_now(
+        self, pairs: Sequence[tuple[QueuedRequest, bytes]], runs: Sequence[stats.Execution] = (),
+        offer: bool = False,
+    ) -> bool:  # fmt: skip
+        """:meth:`send` within the caller's turn of the event loop, for a batch it takes
+        (:meth:`takes_now` of each request, one gateway): its replies and statistics in one
+        frame on that gateway's direct connection; False, nothing sent, otherwise."""
+        address = pairs[0][0].reply_address
+        if address is None or any(not self.takes_now(q) or q.reply_address != address for q, _ in pairs):
+            return False
+        raw_stats = encode_executions(self.model, runs) if runs else b""
+        return self.direct.send_now(address, b"".join(payload for _, payload in pairs), raw_stats, offer)
+
     def add_downloads(self, pipe: Pipeline, loads: list[VersionLoad] | None = None) -> None:
         """Queue the versions pulled from the repository and loaded since the last call
         (``loads``: those already taken from the loader)."""

@@ -62,6 +62,11 @@ BLOCK_MARGIN_S = 0.11
 WAIT_STEP_S = 0.001
 
 
+def _arrival_order(pair: tuple[QueuedRequest, bytes]) -> tuple[tuple[int, int], float]:
+    """Replies in the order their requests arrived: stream entries by id, then by enqueue time."""
+    return entry_order(pair[0].entry_id), pair[0].enqueued_at
+
+
 def _set_once(future: asyncio.Future[None], _: object = None) -> None:
     if not future.done():
         future.set_result(None)
@@ -101,6 +106,7 @@ class Worker:
         self.direct = self.replies.direct  # gateways on this machine (naiad.reply_channel)
         self.replies.on_redis_failure = self._give_back_handed
         self.direct.on_request, self.direct.on_withdraw = self._handed, self._withdrawn
+        self.direct.on_read = self._handed_read
         self._handed_over: list[QueuedRequest] = []  # requests gateways handed over directly
         self._arrival: asyncio.Future[None] | None = None  # set when one comes while waiting
         #: A blocking claim still out: a request handed over directly came first (_collect).
@@ -113,6 +119,7 @@ class Worker:
         self.scaling = scaling.default_policy(settings)
         self._next_reclaim = 0.0
         self._claimed_at: float | None = None  # monotonic: the next turn's claim went out with replies
+        self._served_at = 0.0  # monotonic: the last request answered within its arrival's turn (_run_now)
 
     async def run(self) -> int:
         self._marks["start"] = time.time()
@@ -185,7 +192,7 @@ class Worker:
             backoff, self.direct.offer = REDIS_BACKOFF_S[0], offer  # withdrawn by an idle exit that stayed
             if turn is None:
                 break
-            idle_since = turn
+            idle_since = max(turn, self._served_at)  # requests answered at once count as work
         await self._drain()
 
     async def _drain(self) -> None:
@@ -255,8 +262,45 @@ class Worker:
             return
         queued.level, queued.claimed_at = level, time.monotonic()
         self._handed_over.append(queued)
-        if self._arrival is not None:
+
+    def _handed_read(self) -> None:
+        """The requests of one read are all handed over: a wait for work ends, unless a lone
+        one is answered at once (:meth:`_run_now`)."""
+        if self._arrival is not None and self._handed_over and not self._run_now():
             _set_once(self._arrival)
+
+    def _run_now(self) -> bool:
+        """Run and answer a lone request handed to this idle worker (its serve loop waiting
+        for work, holding nothing) within this turn of the event loop, when nothing of its
+        way needs awaiting (:meth:`BatchExecutor.runnable_now`, :meth:`ReplySender.takes_now`)
+        and the batcher has it due now (not held for a batching delay): the way of
+        :meth:`_process` without the serve loop's wake-up and turn (docs/benchmarks.md "Stop
+        40"). True when it was answered; False leaves it to the serve loop."""
+        batcher, (queued,) = self.batcher, self._handed_over[:1] or (None,)
+        if batcher is None or queued is None or len(self._handed_over) > 1 or len(batcher):
+            return False
+        loaded, version = self.loader.entry, queued.request.version
+        if self.stopping.is_set() or loaded is None or version not in loaded.versions:
+            return False
+        runner = self.executor.runnable_now(version, sum(t.data.size for t in queued.request.inputs))
+        if runner is None or not self.replies.takes_now(queued):
+            return False
+        self._take_handed()
+        batch, rejected, _ = self._due(time.time())
+        if not batch and not rejected:
+            return False  # held for a batching delay: the serve loop waits for it
+        live, pairs = self._refused([*batch, *rejected], rejected)
+        runs: list[stats.Execution] = []
+        if live:
+            payloads, run = self.executor.execute_now(runner, live)
+            pairs += zip(live, payloads, strict=True)
+            runs += [run] if run is not None else []
+        pairs.sort(key=_arrival_order)
+        idle = not (len(batcher) or self._handed_over or self.stopping.is_set())
+        if not self.replies.send_now(pairs, runs, offer=idle):  # cannot happen within the turn
+            raise RuntimeError("a reply checked to go at once did not")
+        self._served_at = time.monotonic()
+        return True
 
     def _withdrawn(self, queue_id: str) -> None:
         """A gateway withdrew a request it handed over (its caller went away): dropped
@@ -429,22 +473,35 @@ class Worker:
         requests = await self.queue.still_ours([*batch, *rejected], FRESH_S)
         if not requests:
             return
-        turned_away, now = {id(r) for r in rejected}, time.time()
-        errors: dict[int, NaiadError] = {}
-        for r in requests:
-            if id(r) in turned_away:
-                errors[id(r)] = QueueTimeout("Request timeout expired")  # Triton's words
-            elif r.deadline <= now:
-                errors[id(r)] = DeadlineExceeded("request expired in the queue")
-        live = await self.lifecycle.hand_over([r for r in requests if id(r) not in errors])
-        pairs = [(r, encode_reply(Reply(r.queue_id, error=e))) for r in requests if (e := errors.get(id(r)))]
+        live, pairs = self._refused(requests, rejected)
+        live = await self.lifecycle.hand_over(live)
         runs: list[stats.Execution] = []
         if live:
             payloads, run = await self.executor.execute(live)
             pairs += zip(live, payloads, strict=True)
             runs += [run] if run is not None else []
-        pairs.sort(key=lambda pair: (entry_order(pair[0].entry_id), pair[0].enqueued_at))
+        pairs.sort(key=_arrival_order)
         await self._reply(pairs, runs, claim_ahead)
+
+    @staticmethod
+    def _refused(
+        requests: list[QueuedRequest], rejected: Sequence[QueuedRequest]
+    ) -> tuple[list[QueuedRequest], list[tuple[QueuedRequest, bytes]]]:  # fmt: skip
+        """``requests`` split into those to run and the answers of those refused: the
+        ``rejected`` (:class:`QueueTimeout`) and any past its deadline (:class:`DeadlineExceeded`)."""
+        turned_away, now = {id(r) for r in rejected}, time.time()
+        live: list[QueuedRequest] = []
+        pairs: list[tuple[QueuedRequest, bytes]] = []
+        for r in requests:
+            if id(r) in turned_away:
+                error: NaiadError = QueueTimeout("Request timeout expired")  # Triton's words
+            elif r.deadline <= now:
+                error = DeadlineExceeded("request expired in the queue")
+            else:
+                live.append(r)
+                continue
+            pairs.append((r, encode_reply(Reply(r.queue_id, error=error))))
+        return live, pairs
 
     async def _reply(
         self, pairs: list[tuple[QueuedRequest, bytes]], runs: Sequence[stats.Execution] = (),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -181,3 +182,68 @@ def test_a_handed_request_whose_client_goes_away_is_not_run(redis_url, naiad_ser
     client = httpclient.InferenceServerClient(server.url, network_timeout=60)
     client.infer("digits", http_inputs(x))
     assert executions(server) - before == 1
+
+
+def inferences(server) -> int:
+    body = requests.get(f"{server.http}/v2/models/digits/stats", timeout=5).json()
+    return body["model_stats"][0]["inference_count"]
+
+
+def test_requests_that_reach_a_worker_in_one_read_run_as_one_batch(redis_url, naiad_server, digits_holdout,
+                                                                    digits_onnx):  # fmt: skip
+    """Two requests handed to a frozen worker wait in its socket together; resumed, it reads
+    them at once and runs them as one batch (a lone request is answered within its read's
+    turn, Worker._run_now; two of one read go to the serve loop, which batches them)."""
+    server = naiad_server(redis_url=redis_url, idle_timeout_s=30)
+    x = digits_holdout[0][:4]
+    frozen = warm_and_freeze(server, x[:1])
+    before, rows_before = executions(server), inferences(server)
+    try:
+        first, second = Caller(server, x[:2]), Caller(server, x[2:4])
+        time.sleep(1.5)  # both written to the frozen worker's socket (none went through Redis)
+        assert redis.Redis.from_url(redis_url).xlen(STREAM) == 0
+    finally:
+        frozen.send_signal(signal.SIGCONT)
+    np.testing.assert_array_equal(first.answer().as_numpy("label"), labels(digits_onnx, x[:2]))
+    np.testing.assert_array_equal(second.answer().as_numpy("label"), labels(digits_onnx, x[2:4]))
+    assert executions(server) - before == 1 and inferences(server) - rows_before == 4
+
+
+def without_batching_delay(example_repository, tmp_path):
+    """A copy of the example repository whose ``digits`` batches at once (``dynamic_batching
+    { }``: no ``max_queue_delay_microseconds``), so a lone request is due as it arrives."""
+    repository = tmp_path / "no-delay"
+    shutil.copytree(example_repository, repository)
+    config = repository / "digits" / "config.pbtxt"
+    text, count = re.subn(r"dynamic_batching \{[^}]*\}", "dynamic_batching { }", config.read_text())
+    assert count == 1
+    config.write_text(text)
+    return repository
+
+
+def test_requests_answered_at_once_keep_their_worker_past_its_idle_timeout(
+    redis_url, naiad_server, digits_holdout, digits_onnx, example_repository, tmp_path
+):
+    """One request at a time for three idle timeouts to a model that batches at once: each
+    is answered by the idle worker within the turn it arrives in (Worker._run_now; its
+    statistics count). They count as work: the same worker serves them all, never withdrawing
+    its offer (no request goes through Redis); once they stop, it leaves after its idle
+    timeout (scale to zero)."""
+    repository = without_batching_delay(example_repository, tmp_path)
+    server = naiad_server(repository=repository, redis_url=redis_url, idle_timeout_s=1.5)
+    client = httpclient.InferenceServerClient(server.url, network_timeout=60)
+    x = digits_holdout[0][:3]
+    client.infer("digits", http_inputs(x[:1]))
+    (worker,) = server.worker_processes("digits")
+    r = redis.Redis.from_url(redis_url)
+    added, before, calls = xadds(r), executions(server), 0
+    end = time.monotonic() + 4.5
+    while time.monotonic() < end:
+        got = client.infer("digits", http_inputs(x[calls % 3 :][:1])).as_numpy("label")
+        np.testing.assert_array_equal(got, labels(digits_onnx, x[calls % 3 :][:1]))
+        calls += 1
+        time.sleep(0.2)
+        assert worker.is_running() and server.worker_processes("digits") == [worker]
+    assert xadds(r) - added == 0  # all by the socket: the worker never went idle
+    assert executions(server) - before == calls
+    wait_for(lambda: not server.worker_processes("digits"), 10, "the idle worker's exit")

@@ -7,6 +7,7 @@ test answering what it is handed with known outputs."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 
 import numpy as np
@@ -18,7 +19,7 @@ from naiad.errors import DeadlineExceeded
 from naiad.inference import InferRequest, RequestedOutput, Tensor
 from naiad.queue_client import QueueDispatcher
 from naiad.redis_client import connect
-from naiad.reply_channel import FRAME, OFFER, ReplyServer
+from naiad.reply_channel import FRAME, OFFER, REQUEST, GatewayLink, ReplyConnections, ReplyServer
 from workers.queue_reader import QueueReader
 from workers.replies import ReplySender
 
@@ -414,3 +415,32 @@ def test_a_frames_statistics_are_decoded_when_written_and_a_malformed_one_adds_n
     assert queued_only is None and not decoded_before  # nothing written nor decoded before the flush
     assert int(written[b"1:execution_count"]) == 2 and int(written[b"1:inference_count"]) == 4
     assert "malformed statistics in a reply frame" in caplog.text
+
+
+def test_a_workers_link_hands_each_request_of_a_read_then_says_the_read_is_done():
+    """The worker's end of a gateway's socket (GatewayLink): every whole request frame of
+    one read goes to ``on_request``, then ``on_read`` once (the worker batches what came
+    together, and answers a lone request at once: workers.worker); a frame cut by the read
+    waits for its rest, and a read that completes none says nothing."""
+
+    async def scenario():
+        events: list[tuple] = []
+        owner = ReplyConnections(on_request=lambda level, header, data: events.append((level, header, data)))
+        owner.on_read = lambda: events.append(("read",))
+        ours, theirs = socket.socketpair()
+        loop = asyncio.get_running_loop()
+        transport, _ = await loop.connect_accepted_socket(lambda: GatewayLink(owner), ours)
+        frames = [REQUEST.pack(level, 2, 3) + b"h%d" % level + b"d%02d" % level for level in range(3)]
+        theirs.sendall(frames[0] + frames[1] + frames[2][:5])
+        await until(lambda: len(events) == 3, "the first read")
+        assert events == [(0, b"h0", b"d00"), (1, b"h1", b"d01"), ("read",)]
+        theirs.sendall(frames[2][5:9])
+        await asyncio.sleep(0.05)
+        assert len(events) == 3  # still a part of a frame: nothing handed, nothing said
+        theirs.sendall(frames[2][9:])
+        await until(lambda: len(events) == 5, "the rest of the third frame")
+        assert events[3:] == [(2, b"h2", b"d02"), ("read",)]
+        transport.close()
+        theirs.close()
+
+    asyncio.run(scenario())

@@ -76,6 +76,42 @@ def test_a_batch_is_merged_run_split_and_timed(settings, example_repository, dig
     assert bad_stats is None and failed.error is not None and failed.queue_id == "d"
 
 
+def test_a_batch_runs_within_the_callers_turn_as_it_runs_awaited_when_nothing_needs_awaiting(
+    settings, example_repository, digits_holdout, digits_onnx
+):
+    """BatchExecutor.execute_now (a lone request answered within the turn it arrives in,
+    workers.worker): the same replies and statistics as ``execute``. ``runnable_now`` gives
+    no runner for a version not loaded, nor for a batch size never timed (it would first run
+    in the model's thread); a batch that fails is answered with its error, not raised."""
+    x = digits_holdout[0][:3]
+    expected = digits_onnx.run(["label"], {"input": x})[0]
+
+    async def scenario():
+        loader = VersionLoader(settings, MODEL)
+        executor = BatchExecutor(MODEL, loader)
+        assert executor.runnable_now(1, 64) is None  # not loaded
+        await loader.start(entry(example_repository))
+        assert executor.runnable_now(1, 64) is None  # loaded, never timed
+        awaited = await executor.execute([queued(x[:1], "a")])
+        runner = executor.runnable_now(1, 64)
+        assert runner is not None and executor.runnable_now(2, 64) is None  # version 2: none
+        now = executor.execute_now(runner, [queued(x[1:3], "b")])
+        failed = executor.execute_now(runner, [queued(np.zeros((1, 3), np.float32), "c")])
+        loader.close()
+        return awaited, now, failed
+
+    (awaited, awaited_stats), (now, now_stats), (failed, failed_stats) = run(scenario)
+    replies = [decode_replies(p)[0] for p in (*awaited, *now)]
+    assert [r.queue_id for r in replies] == ["a", "b"]
+    np.testing.assert_array_equal(np.concatenate([r.outputs[0].data for r in replies]), expected)
+    assert (awaited_stats.rows, now_stats.rows) == (1, 2) and len(now_stats.queue_ns) == 1
+    assert set(now_stats.phases_ns) == set(awaited_stats.phases_ns) == {"compute_input", "compute_infer",
+                                                                        "compute_output"}  # fmt: skip
+    assert set(replies[1].timings_ns) == {"compute_input", "compute_infer"}
+    [error] = decode_replies(failed[0])
+    assert failed_stats is None and error.error is not None and error.queue_id == "c"
+
+
 def test_the_reply_pipeline_answers_acknowledges_and_claims(redis_url, settings):
     """Replies for two gateways land on their own lists, concatenated per gateway, with a TTL;
     the entries are acknowledged and deleted; the claim sent last brings the next request."""
