@@ -80,11 +80,13 @@ def mark_client(marks: list[tuple[str, int]], enabled: list[bool]) -> None:
     loadgen.HttpConnection.data_received = marked_received
 
 
-def steps(marks: list[tuple[str, int]]) -> tuple[list[tuple[str, str, float, float]], float, int, int]:
-    """``marks`` (every process's, any order) as cycles from each request written: the most
-    common sequence's steps ``(from, to, p50 µs, mean µs)``, its p50 written → read (µs), the
-    cycles of that sequence and all cycles."""
-    cycles: list[list[tuple[int, str]]] = []
+Cycle = list[tuple[int, str]]
+
+
+def _cycles(marks: list[tuple[str, int]]) -> tuple[tuple[str, ...], list[Cycle], int]:
+    """``marks`` (every process's, any order) cut into cycles at each request written: the
+    most common sequence of names, the cycles that took it, and how many cycles there were."""
+    cycles: list[Cycle] = []
     for ns, name in sorted((ns, name) for name, ns in marks):
         if name == SENT:
             cycles.append([])
@@ -93,14 +95,43 @@ def steps(marks: list[tuple[str, int]]) -> tuple[list[tuple[str, str, float, flo
     if not cycles:
         raise SystemExit("no request was marked")
     common = collections.Counter(tuple(n for _, n in c) for c in cycles).most_common(1)[0][0]
-    kept = [c for c in cycles if tuple(n for _, n in c) == common]
+    return common, [c for c in cycles if tuple(n for _, n in c) == common], len(cycles)
+
+
+def _total_us(common: tuple[str, ...], cycle: Cycle) -> float:
+    """A cycle's request written → answer read (µs; to its last mark without a read)."""
+    read = common.index(READ) if READ in common else len(common) - 1
+    return (cycle[read][0] - cycle[0][0]) / 1e3
+
+
+def steps(marks: list[tuple[str, int]]) -> tuple[list[tuple[str, str, float, float]], float, int, int]:
+    """``marks`` (every process's, any order) as cycles from each request written: the most
+    common sequence's steps ``(from, to, p50 µs, mean µs)``, its p50 written → read (µs), the
+    cycles of that sequence and all cycles."""
+    common, kept, cycles = _cycles(marks)
     rows = []
     for i, (first, second) in enumerate(zip(common, common[1:], strict=False)):
         gaps = [(c[i + 1][0] - c[i][0]) / 1e3 for c in kept]
         rows.append((first, second, statistics.median(gaps), statistics.mean(gaps)))
-    read = common.index(READ) if READ in common else len(common) - 1
-    total = statistics.median((c[read][0] - c[0][0]) / 1e3 for c in kept)
-    return rows, total, len(kept), len(cycles)
+    total = statistics.median(_total_us(common, c) for c in kept)
+    return rows, total, len(kept), cycles
+
+
+def quarters(marks: list[tuple[str, int]]) -> tuple[list[tuple[str, str, float, float]], float, float]:
+    """The fastest and the slowest quarter of the common sequence's cycles (by written →
+    read) side by side: each step's mean µs in either ``(from, to, fast, slow)``, and the
+    two quarters' median written → read (µs). Where the slow requests lose their time: a
+    step or two (a path, a timer), or all of them (the machine's state that cycle)."""
+    common, kept, _ = _cycles(marks)
+    kept.sort(key=lambda c: _total_us(common, c))
+    size = max(len(kept) // 4, 1)
+    fast, slow = kept[:size], kept[-size:]
+    rows = []
+    for i, (first, second) in enumerate(zip(common, common[1:], strict=False)):
+        means = [statistics.mean((c[i + 1][0] - c[i][0]) / 1e3 for c in part) for part in (fast, slow)]
+        rows.append((first, second, means[0], means[1]))
+    medians = [statistics.median(_total_us(common, c) for c in part) for part in (fast, slow)]
+    return rows, medians[0], medians[1]
 
 
 def collect(folder: Path, timeout_s: float = 10.0) -> list[tuple[str, int]]:
@@ -124,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=float, default=3.0, help="seconds of load before the marks")
     p.add_argument("--duration", type=float, default=4.0, help="seconds of load marked")
     p.add_argument("--repository", type=Path, default=DEFAULT_REPOSITORY)
+    p.add_argument("--quarters", action="store_true",
+                   help="also each step's mean in the fastest and the slowest quarter of the requests")
     args = p.parse_args(argv)
     if args.model not in BUILDERS and not (args.repository / args.model / "config.pbtxt").exists():
         p.error(f"no model '{args.model}' in {args.repository} (the benchmark's: {', '.join(BUILDERS)})")
@@ -162,6 +195,13 @@ def main(argv: list[str] | None = None) -> int:
     print("| from | to | p50 µs | mean µs |\n| --- | --- | --- | --- |")
     for first, second, p50, mean in rows:
         print(f"| {first} | {second} | {p50:.1f} | {mean:.1f} |")
+    if args.quarters:
+        split, fast, slow = quarters(marks)
+        print(f"\nThe fastest and the slowest quarter of those requests (written → read p50 {fast:.0f} and "
+              f"{slow:.0f} µs), each step's mean:\n\n| from | to | fastest µs | slowest µs | difference |\n"
+              "| --- | --- | --- | --- | --- |")  # fmt: skip
+        for first, second, quick, late in split:
+            print(f"| {first} | {second} | {quick:.1f} | {late:.1f} | {late - quick:+.1f} |")
     return 0
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.perf.timeline import HOOK, READ, SENT, steps
+from bench.perf.timeline import HOOK, READ, SENT, quarters, steps
 
 CHILD = """
 import asyncio, os, sys, time
@@ -96,6 +96,19 @@ def test_steps_take_the_common_sequence_and_its_medians() -> None:
     assert [p50 for _, _, p50, _ in rows] == pytest.approx([13, 23, 33])
     assert [mean for _, _, _, mean in rows] == pytest.approx([19, 29, 39])
     assert total == pytest.approx(69)  # the median of 60, 66, 72, 150
+
+
+def test_quarters_set_the_fastest_requests_steps_beside_the_slowest() -> None:
+    """Eight cycles: the two slowest lose their time in the second step alone, so the
+    quarters differ there and nowhere else."""
+    path = [SENT, "A<", "A>", READ]
+    marks: list[tuple[str, int]] = []
+    for i, late in enumerate([0, 0, 0, 0, 0, 0, 100, 120]):
+        marks += _cycle(1_000_000 * (i + 1), [10, 20 + late, 30], path)
+    rows, fast, slow = quarters(marks)
+    assert [(a, b) for a, b, _, _ in rows] == [(SENT, "A<"), ("A<", "A>"), ("A>", READ)]
+    assert [late - quick for _, _, quick, late in rows] == pytest.approx([0, 110, 0])
+    assert (fast, slow) == pytest.approx((60, 170))
 
 
 def test_no_request_marked_is_an_error() -> None:

@@ -1,4 +1,5 @@
-"""Marks for :mod:`bench.perf.timeline`, loaded by every Naiad process of a timeline run.
+"""Marks for :mod:`bench.perf.timeline`, and call counts for :mod:`bench.perf.calls`, in
+every Naiad process of such a run.
 
 This folder goes first on ``PYTHONPATH`` of the ``naiad serve`` that :mod:`bench.perf.timeline`
 starts (its workers inherit it), so Python imports this module at start-up (``site``:
@@ -11,6 +12,11 @@ each call, once the file ``on`` is there, appends ``("Name<", ns)`` and ``("Name
 at the file ``off`` it writes the marks to ``marks-PID.json`` (whole: a temporary file
 renamed) and stops. Without the variable it does nothing. Being first on the path, it stands
 in for any ``sitecustomize`` of the system (Debian's, for apport) in those processes.
+
+With ``NAIAD_CALLS_DIR`` set instead, the process runs under :mod:`cProfile` (its main
+thread: the event loop's) from start-up; at the file ``on`` in that folder it takes the call
+counts so far (and says so: a file ``counting-PID``), at ``off`` again, and writes the
+difference by function with its ``argv`` to ``calls-PID.json``.
 """
 
 import os
@@ -77,3 +83,42 @@ if os.environ.get("NAIAD_TIMELINE_DIR"):
         os.replace(path + ".part", path)
 
     threading.Thread(target=_watch, daemon=True, name="naiad-timeline").start()
+
+if os.environ.get("NAIAD_CALLS_DIR"):  # bench.perf.calls: this process's function calls, counted
+    import cProfile
+    import json
+    import sys
+    import threading
+    import time
+
+    _calls_folder = os.environ["NAIAD_CALLS_DIR"]
+    _profile = cProfile.Profile()
+    _profile.enable()  # this thread's calls only: the main thread, where the event loop runs
+
+    def _counts() -> dict[str, int]:
+        """Calls so far by function: ``file:line:name`` (a builtin: its ``<...>`` text)."""
+        counts: dict[str, int] = {}
+        for entry in _profile.getstats():
+            code = entry.code
+            if not isinstance(code, str):
+                code = f"{code.co_filename}:{code.co_firstlineno}:{code.co_name}"
+            key = code
+            counts[key] = counts.get(key, 0) + entry.callcount
+        return counts
+
+    def _count() -> None:
+        on, off = (os.path.join(_calls_folder, name) for name in ("on", "off"))
+        while not os.path.exists(on):
+            time.sleep(0.02)
+        before = _counts()
+        open(os.path.join(_calls_folder, f"counting-{os.getpid()}"), "w").close()
+        while not os.path.exists(off):
+            time.sleep(0.02)
+        after = _counts()
+        counted = {key: n - before.get(key, 0) for key, n in after.items() if n > before.get(key, 0)}
+        path = os.path.join(_calls_folder, f"calls-{os.getpid()}.json")
+        with open(path + ".part", "w") as out:
+            json.dump({"argv": sys.argv, "calls": counted}, out)
+        os.replace(path + ".part", path)
+
+    threading.Thread(target=_count, daemon=True, name="naiad-calls").start()
