@@ -18,16 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import sys
 import time
 from pathlib import Path
 
 from bench.perf import loadgen
-from bench.perf.models import BUILDERS, DEFAULT_REPOSITORY, ROOT, ensure_repository, target
+from bench.perf.models import DEFAULT_REPOSITORY, ROOT, target
 from bench.perf.servers import running, start_naiad
-from bench.perf.timeline import HOOK
+from bench.perf.timeline import hooked_run, written
 
 
 def per_request(calls: dict[str, int], requests: int) -> list[tuple[str, float]]:
@@ -58,14 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top", type=int, default=15, help="functions listed per process")
     p.add_argument("--repository", type=Path, default=DEFAULT_REPOSITORY)
     args = p.parse_args(argv)
-    if args.model not in BUILDERS and not (args.repository / args.model / "config.pbtxt").exists():
-        p.error(f"no model '{args.model}' in {args.repository} (the benchmark's: {', '.join(BUILDERS)})")
-    folder = ROOT / ".bench" / "logs" / "calls"
-    shutil.rmtree(folder, ignore_errors=True)
-    (folder / "counts").mkdir(parents=True)
-    path = os.pathsep.join(filter(None, [str(HOOK), os.environ.get("PYTHONPATH")]))
+    folder, path, repository = hooked_run(p, args.model, args.repository, "calls", "counts")
     env = {"NAIAD_CALLS_DIR": str(folder / "counts"), "PYTHONPATH": path}
-    repository = ensure_repository(args.repository, [args.model] if args.model in BUILDERS else [])
     with running(start_naiad(repository, folder, [args.model], env=env)) as server:
         url = server.grpc_url if args.protocol == "grpc" else server.http_url
         tgt = target(url, args.model, protocol=args.protocol, encoding=args.encoding)
@@ -76,8 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             lambda: loadgen.measure(tgt, concurrency=[1], warmup_s=0.0, duration_s=args.duration)
         )
         (folder / "counts" / "off").touch()
-        time.sleep(0.5)
-        found = [json.loads(p.read_text()) for p in sorted((folder / "counts").glob("calls-*.json"))]
+        found = [json.loads(path.read_text()) for path in written(folder / "counts", "calls")]
     point = series["points"][0]
     requests = point["requests"] + point["errors"]
     print(f"`python -m bench.perf.calls {' '.join(sys.argv[1:] if argv is None else argv)}`: {requests} "

@@ -135,17 +135,40 @@ def quarters(marks: list[tuple[str, int]]) -> tuple[list[tuple[str, str, float, 
 
 
 def collect(folder: Path, timeout_s: float = 10.0) -> list[tuple[str, int]]:
-    """The marks of every process under ``folder`` (``marks-PID.json``, each written whole by
-    its hook), once no new file came for half a second (at most ``timeout_s``)."""
+    """The marks of every process under ``folder`` (``marks-PID.json``: :func:`written`)."""
+    files = written(folder, "marks", timeout_s)
+    return [(name, ns) for path in files for name, ns in json.loads(path.read_text())]
+
+
+def written(folder: Path, prefix: str, timeout_s: float = 10.0) -> list[Path]:
+    """The ``<prefix>-PID.json`` files of the processes under ``folder`` (each written whole
+    by its hook: a temporary file renamed), once no new one came for half a second (at most
+    ``timeout_s``)."""
     deadline, seen, settled_at = time.monotonic() + timeout_s, -1, time.monotonic()
     while time.monotonic() < deadline:
-        files = sorted(folder.glob("marks-*.json"))
+        files = sorted(folder.glob(f"{prefix}-*.json"))
         if len(files) != seen:
             seen, settled_at = len(files), time.monotonic()
         elif files and time.monotonic() - settled_at >= 0.5:
             break
         time.sleep(0.05)
-    return [(name, ns) for path in folder.glob("marks-*.json") for name, ns in json.loads(path.read_text())]
+    return sorted(folder.glob(f"{prefix}-*.json"))
+
+
+def hooked_run(
+    parser: argparse.ArgumentParser, model: str, repository: Path, name: str, files: str
+) -> tuple[Path, str, Path]:  # fmt: skip
+    """What a tool whose ``naiad serve`` runs :data:`HOOK` needs: ``.bench/logs/<name>``
+    emptied, with its ``files`` folder made; the ``PYTHONPATH`` with the hook first; the
+    benchmark repository holding ``model`` (built when it is one of the benchmark's). An
+    unknown model is the parser's error."""
+    if model not in BUILDERS and not (repository / model / "config.pbtxt").exists():
+        parser.error(f"no model '{model}' in {repository} (the benchmark's: {', '.join(BUILDERS)})")
+    folder = ROOT / ".bench" / "logs" / name
+    shutil.rmtree(folder, ignore_errors=True)
+    (folder / files).mkdir(parents=True)
+    path = os.pathsep.join(filter(None, [str(HOOK), os.environ.get("PYTHONPATH")]))
+    return folder, path, ensure_repository(repository, [model] if model in BUILDERS else [])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,18 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quarters", action="store_true",
                    help="also each step's mean in the fastest and the slowest quarter of the requests")
     args = p.parse_args(argv)
-    if args.model not in BUILDERS and not (args.repository / args.model / "config.pbtxt").exists():
-        p.error(f"no model '{args.model}' in {args.repository} (the benchmark's: {', '.join(BUILDERS)})")
-    folder = ROOT / ".bench" / "logs" / "timeline"
-    shutil.rmtree(folder, ignore_errors=True)
-    (folder / "marks").mkdir(parents=True)
-    path = os.pathsep.join(filter(None, [str(HOOK), os.environ.get("PYTHONPATH")]))
+    folder, path, repository = hooked_run(p, args.model, args.repository, "timeline", "marks")
     env = {"NAIAD_TIMELINE_DIR": str(folder / "marks"), "NAIAD_TIMELINE_TARGETS": ",".join(TARGETS),
            "PYTHONPATH": path}  # fmt: skip
     marks: list[tuple[str, int]] = []
     enabled = [False]
     mark_client(marks, enabled)
-    repository = ensure_repository(args.repository, [args.model] if args.model in BUILDERS else [])
     server = start_naiad(repository, folder, [args.model], env=env)
     with running(server):
         tgt = target(server.http_url, args.model, protocol="http", encoding=args.encoding)

@@ -28,7 +28,7 @@ while not any(name.startswith("counting-") for name in os.listdir(folder)):
 for i in range(5):
     counted.work(i)
 open(os.path.join(folder, "off"), "w").close()
-while not any(name.startswith("calls-") for name in os.listdir(folder)):
+while not any(name.startswith("calls-") and name.endswith(".json") for name in os.listdir(folder)):
     time.sleep(0.01)
 """
 
