@@ -266,8 +266,12 @@ class Worker:
     def _handed_read(self) -> None:
         """The requests of one read are all handed over: a wait for work ends, unless a lone
         one is answered at once (:meth:`_run_now`)."""
-        if self._arrival is not None and self._handed_over and not self._run_now():
-            _set_once(self._arrival)
+        arrival, claiming = self._arrival, self._claiming
+        if arrival is None or not self._handed_over:
+            return
+        # a claim back already (its entries not yet in the batcher) goes with them: no lane
+        if arrival.done() or (claiming is not None and claiming.done()) or not self._run_now():
+            _set_once(arrival)
 
     def _run_now(self) -> bool:
         """Run and answer a lone request handed to this idle worker (its serve loop waiting
