@@ -39,11 +39,11 @@ def per_request(calls: dict[str, int], requests: int) -> list[tuple[str, float]]
 
 
 def role(argv: list[str]) -> str:
-    """A process's part from its command line: ``gateway``, ``worker``, or its first words."""
-    words = " ".join(argv)
-    if " worker" in f" {words}" or "warm_pool" in words:
-        return "worker"
-    return "gateway" if "serve" in words or "gateway" in words else words[:60]
+    """A process's part from its command line (``naiad <command> ...``): ``gateway``,
+    ``worker``, ``serve`` (the supervisor: the scaler, the processes' keeper), or its first
+    words."""
+    command = next((word for word in argv[1:2] if not word.startswith("-")), "")
+    return command if command in ("gateway", "worker", "serve") else " ".join(argv)[:60]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -58,8 +58,10 @@ def test_counts_are_shown_a_request_most_called_first_with_short_paths() -> None
 
 @pytest.mark.parametrize(
     ("argv", "expected"),
-    [(["/x/naiad_cli/__main__.py", "worker", "--model", "digits"], "worker"),
-     (["/x/naiad_cli/__main__.py", "serve", "--model-repository", "r"], "gateway")],
+    [(["/x/naiad_cli/__main__.py", "worker", "--pool", "--model-repository", "r"], "worker"),
+     (["/x/naiad_cli/__main__.py", "gateway"], "gateway"),
+     (["/x/naiad_cli/__main__.py", "serve", "--model-repository", "r"], "serve"),
+     (["/x/naiad/guard.py", "26416", "3"], "/x/naiad/guard.py 26416 3")],
 )  # fmt: skip
 def test_a_process_is_named_by_its_part(argv: list[str], expected: str) -> None:
     assert role(argv) == expected
