@@ -39,9 +39,10 @@ def per_request(calls: dict[str, int], requests: int) -> list[tuple[str, float]]
 
 
 def role(argv: list[str]) -> str:
-    """A process's part from its command line (``naiad <command> ...``): ``gateway``,
-    ``worker``, ``serve`` (the supervisor: the scaler, the processes' keeper), or its first
-    words."""
+    """A process's part from its command line (``naiad <command> ...``): ``serve`` (the
+    server's first process: a gateway, the scaler and the keeper of the others), ``gateway``
+    (a sibling gateway on the same ports: a connection lands on one of them), ``worker``, or
+    its first words."""
     command = next((word for word in argv[1:2] if not word.startswith("-")), "")
     return command if command in ("gateway", "worker", "serve") else " ".join(argv)[:60]
 
