@@ -25,6 +25,13 @@ def _reseed() -> None:
 os.register_at_fork(after_in_child=_reseed)
 
 
+def worker_id(model: str) -> str:
+    """A new worker's id (its consumer name in the model's group, its heartbeat's member):
+    ``model-`` and 8 random hex digits (``secrets``): drawn once per worker, by the scaler
+    that starts it or by the worker itself."""
+    return f"{model}-{secrets.token_hex(4)}"
+
+
 def fresh_id() -> str:
     """A new id: 16 hex digits of this process's prefix, then the counter in hex (str)."""
     return f"{_PREFIX}{next(_COUNTER):x}"

@@ -114,6 +114,11 @@ class Settings(BaseSettings):
     after it stopped accepting (aiohttp's ``shutdown_timeout``, gRPC's grace); then they are
     cancelled. ``naiad serve`` stops its workers only after that (``--shutdown-grace``)."""
 
+    worker_id: str = ""
+    """A worker's id (:func:`naiad.ids.worker_id`), given by the scaler that starts it
+    (``NAIAD_WORKER_ID``, or its warm-pool claim) so it can remove the heartbeat of one that
+    died; empty: the worker draws one."""
+
     heartbeat_s: float = 2.0
     """Seconds between a worker's heartbeats; a worker silent for 3 of them counts as dead."""
 

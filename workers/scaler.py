@@ -31,7 +31,7 @@ from dataclasses import replace
 
 from redis.exceptions import RedisError
 
-from naiad import keys, procs, queue_policy, tasks, telemetry
+from naiad import ids, keys, procs, queue_policy, tasks, telemetry
 from naiad.host import GpuDevice, GpuReader
 from naiad.redis_client import connect
 from naiad.registry import RegistryReader, RegistryView
@@ -74,6 +74,8 @@ class LocalScaler:
         self.gpu_reader = GpuReader()
         self._slots: dict[str, placement.Slots] = {}  # model -> its instances on this machine
         self._devices: dict[int, str] = {}  # pid -> the device its worker was placed on
+        #: The workers started here, by process: (model, worker id) until its exit is seen.
+        self._worker_ids: dict[subprocess.Popen, tuple[str, str]] = {}
         self._warned: set[tuple[str, str]] = set()  # (model, warning) already logged
         self.start_failures = StartFailures()  # workers that died before they could report
         self._to_mark: dict[str, str] = {}  # model -> reason, to mark UNAVAILABLE
@@ -158,6 +160,21 @@ class LocalScaler:
         self.processes[model] = running
         return len(running)
 
+    async def _forget_exited(self) -> None:
+        """Remove the heartbeats of the workers started here whose processes exited. One
+        that exits cleanly has removed its own; a killed or crashed one's counts as a live
+        worker until it expires (3 heartbeat periods), which would hold back its replacement
+        and the reclaim of the requests it claimed (:mod:`workers.reclaim`) that long. Raises
+        RedisError (the next pass tries again)."""
+        gone: dict[str, list[subprocess.Popen]] = {}
+        for process, (model, _) in self._worker_ids.items():
+            if process.poll() is not None:
+                gone.setdefault(model, []).append(process)
+        for model, processes in gone.items():
+            await self.redis.zrem(keys.workers(model), *(self._worker_ids[p][1] for p in processes))
+            for process in processes:
+                del self._worker_ids[process]
+
     def _count_start(self, model: str, returncode: int, ready: bool | None) -> None:
         if ready:
             self.start_failures.succeeded(model)
@@ -183,6 +200,7 @@ class LocalScaler:
 
     async def _reconcile(self, woken: set[str]) -> None:
         try:
+            await self._forget_exited()
             await self._refresh_policies()
             names = sorted((set(self._policies) | woken) - self._ensembles)
             now = time.time()
@@ -326,12 +344,15 @@ class LocalScaler:
         if device is None:
             logger.debug("model '%s': every GPU slot is taken, no worker started", model)
             return None
-        command = self.worker_command(model)
-        process = self.pool.claim(command, self._backends.get(model)) if device == placement.CPU else None
+        command, worker_id = self.worker_command(model), ids.worker_id(model)
+        process = None
+        if device == placement.CPU:
+            process = self.pool.claim(command, self._backends.get(model), worker_id)
         if process is None:
-            env = {**os.environ, **placement.worker_env(device, self.has_gpu)}
+            env = {**os.environ, **placement.worker_env(device, self.has_gpu), "NAIAD_WORKER_ID": worker_id}
             process = procs.spawn_python(command, redis_url=self.redis_url, env=env)
         self.processes.setdefault(model, []).append(process)
+        self._worker_ids[process] = (model, worker_id)
         self._started_at[process.pid] = time.monotonic()
         self._devices[process.pid] = device
         logger.info("started worker pid %d for model '%s' on %s", process.pid, model, device)

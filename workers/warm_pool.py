@@ -117,17 +117,21 @@ class WarmPool:
         self.idle = {backend: [] for backend in self.backends}
         return idle
 
-    def claim(self, command: Sequence[str], backend: str | None = None) -> subprocess.Popen | None:
+    def claim(
+        self, command: Sequence[str], backend: str | None = None, worker_id: str = ""
+    ) -> subprocess.Popen | None:  # fmt: skip
         """Hand ``command`` (a ``naiad worker --model M ...`` command line) to an idle pool
         process and return it, or None when none is idle (the caller starts ``command``
         itself): one that prepared ``backend`` (the model's, :func:`repository_store.backend_of`)
         if any, else one of the default (first-listed) pool; never one another framework's
-        model would miss. Either way a cold start happened: the pool refills and
-        its idle timeout starts again."""
+        model would miss; ``worker_id``: the worker's id, when the caller names it
+        (:attr:`naiad.settings.Settings.worker_id`). Either way a cold start happened: the
+        pool refills and its idle timeout starts again."""
         now = time.monotonic()
         self._last_cold_start, self._refill_at = now, now + REFILL_DELAY_S
         self._changed.set()
-        message = json.dumps({"command": list(command), "claimed_at": time.time()}).encode() + b"\n"
+        claim = {"command": list(command), "claimed_at": time.time(), "worker_id": worker_id}
+        message = json.dumps(claim).encode() + b"\n"
         # Its own backend's pool, else the default (first) pool: never another framework's
         # process, which a model of that framework would then miss.
         order = list(dict.fromkeys(b for b in (backend, self.backends[0]) if b in self.idle))
@@ -225,6 +229,8 @@ async def serve_claim(settings: Settings, parse: Callable[[list[str]], tuple[Set
     logs.configure(claimed)
     if claimed.redis_url is None:  # the URL came through this process's inherited pipe
         claimed = claimed.model_copy(update={"redis_url": settings.redis_url})
+    if claim.get("worker_id"):  # the scaler's name for it (naiad.settings.Settings.worker_id)
+        claimed = claimed.model_copy(update={"worker_id": claim["worker_id"]})
     if claimed.redis_url != settings.redis_url:
         redis = await _close(redis)
     if claimed.model_repository != settings.model_repository:

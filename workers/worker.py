@@ -37,10 +37,9 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
-from naiad import logs, procs, queue_policy, stats, tasks
+from naiad import ids, logs, procs, queue_policy, stats, tasks
 from naiad.codec import DATA, HEADER, QueuedRequest, Reply, decode_request, encode_reply, entry_order
 from naiad.errors import DeadlineExceeded, InvalidInput, NaiadError, QueueTimeout
-from naiad.ids import fresh_id
 from naiad.redis_client import connect
 from naiad.reply_channel import MAX_OFFER
 from naiad.settings import Settings
@@ -94,7 +93,7 @@ class Worker:
     ):  # fmt: skip
         self.settings = settings
         self.model = model
-        self.worker_id = worker_id or f"{model}-{fresh_id()[:8]}"
+        self.worker_id = worker_id or settings.worker_id or ids.worker_id(model)
         self.prepared = prepared
         self.redis = (prepared and prepared.redis) or connect(redis_url, longest_block_s=1.0)
         self.redis_url = redis_url

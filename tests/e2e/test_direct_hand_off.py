@@ -247,3 +247,24 @@ def test_requests_answered_at_once_keep_their_worker_past_its_idle_timeout(
     assert xadds(r) - added == 0  # all by the socket: the worker never went idle
     assert executions(server) - before == calls
     wait_for(lambda: not server.worker_processes("digits"), 10, "the idle worker's exit")
+
+
+def test_a_killed_workers_heartbeat_is_removed_so_its_replacement_starts_at_once(
+    redis_url, naiad_server, digits_holdout, digits_onnx
+):
+    """The only worker, holding a handed request, is killed (-9): it cannot remove its own
+    heartbeat, which would count it live for 3 heartbeat periods (15 s here) and hold back
+    its replacement; the scaler, seeing its process gone, removes it, and a new worker
+    answers the request within seconds."""
+    server = naiad_server(redis_url=redis_url, idle_timeout_s=30, extra_env={"NAIAD_HEARTBEAT_S": "5"})
+    x = digits_holdout[0][:3]
+    worker = warm_and_freeze(server, x)
+    r = redis.Redis.from_url(redis_url)
+    (member,) = r.zrangebyscore(keys.workers("digits"), time.time(), "+inf")
+    caller = Caller(server, x)
+    time.sleep(1.0)  # handed to the frozen worker
+    killed_at = time.monotonic()
+    worker.kill()
+    np.testing.assert_array_equal(caller.answer(60).as_numpy("label"), labels(digits_onnx, x))
+    assert time.monotonic() - killed_at < 8.0  # its heartbeat would have counted it live 15 s
+    assert member not in r.zrange(keys.workers("digits"), 0, -1)
