@@ -153,7 +153,6 @@ class Lifecycle:
             return []
         late = await self.queue.read(1, None)
         if not late:
-            logger.info("idle for %g s, exiting (scale to zero)", policy.idle_timeout_s)
             return None
         await self.heartbeat()
         return late

@@ -247,6 +247,7 @@ class Worker:
             await self.lifecycle.heartbeat()
             late = []
         if late is None:
+            logger.info("idle for %g s, exiting (scale to zero)", self.scaling.idle_timeout_s)
             return None
         self.batcher.add(late)  # served by the next turns
         return time.monotonic()  # kept (a late request, or the minimum)
