@@ -355,7 +355,8 @@ class LocalScaler:
         self._worker_ids[process] = (model, worker_id)
         self._started_at[process.pid] = time.monotonic()
         self._devices[process.pid] = device
-        logger.info("started worker pid %d for model '%s' on %s", process.pid, model, device)
+        logger.info("started worker pid %d for model '%s' on %s (id %s)",
+                    process.pid, model, device, worker_id)  # fmt: skip
         return process
 
     def stop_worker(self, model: str, process: subprocess.Popen) -> None:
