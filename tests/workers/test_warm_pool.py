@@ -6,6 +6,7 @@ never outlives the server (the harness checks for leftovers at teardown)."""
 
 from __future__ import annotations
 
+import json
 import pathlib
 import signal
 import subprocess
@@ -201,3 +202,24 @@ def test_a_claim_takes_its_own_backend_else_the_default_pool_never_another_frame
         for process in stand_ins.values():
             process.kill()
             process.wait(5)
+
+
+def test_a_claim_carries_the_worker_id_the_scaler_gave(tmp_path):
+    """The claim an idle pool process reads names the worker id the scaler chose (the
+    scaler removes that id's heartbeat when the process dies: workers/scaler.py)."""
+    from naiad.settings import Settings  # noqa: PLC0415
+    from workers.warm_pool import WarmPool  # noqa: PLC0415
+
+    pool = WarmPool(Settings(model_repository=str(tmp_path), cache_dir=tmp_path), ["cat"], "redis://unused")
+    stand_in = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        pool.idle[pool.backends[0]].append(stand_in)
+        assert pool.claim(["worker", "--model", "m"], None, "m-0123abcd") is stand_in
+        assert stand_in.stdout is not None
+        claim = json.loads(stand_in.stdout.read())  # cat echoes it; the claim closed its stdin
+    finally:
+        stand_in.kill()
+        stand_in.wait(5)
+        if stand_in.stdout is not None:
+            stand_in.stdout.close()
+    assert claim["worker_id"] == "m-0123abcd" and claim["command"] == ["worker", "--model", "m"]
