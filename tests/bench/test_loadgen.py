@@ -176,8 +176,10 @@ def test_costs_of_naiad_count_its_processes_redis_and_batches(tmp_path: Path) ->
     assert all(v >= 0 for v in costs["cpu_us_per_request"].values())
     redis = costs["redis"]
     assert redis["commands_per_request"] > 0 and redis["commands_per_request"] >= redis["reads_per_request"]
-    # one entry a request, less those handed to the idle worker directly (naiad.reply_channel)
-    assert 0 < redis["calls_per_request"]["xadd"] <= 1.25
+    # by command (the statistics' writes at least); at most one entry a request, less those
+    # handed to the idle worker directly (naiad.reply_channel): at c2 possibly all of them,
+    # its offer renewed by each answer given within its read (workers.worker: Worker._run_now)
+    assert redis["calls_per_request"] and redis["calls_per_request"].get("xadd", 0) <= 1.25
     batches = costs["batches"]
     rows = sum(int(size) * n for size, n in batches["by_size"].items())
     assert batches["executed"] >= 1 and rows == pytest.approx(point["requests"], rel=0.25)
