@@ -417,6 +417,7 @@ class GatewayLink(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
         self.offered = 0  # requests this worker's open offer at that gateway still takes
+        self.received = 0  # requests it handed here
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -426,25 +427,24 @@ class GatewayLink(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
-        requests = 0
+        received = self.received
         try:
-            requests = self._requests()
-        finally:
-            if requests:
+            self._frames()
+        finally:  # the requests handed before a failure too
+            if self.received != received:
                 self.owner.on_read()
 
-    def _requests(self) -> int:
-        """Hand each whole frame of the buffer to the owner's callbacks: the requests handed."""
-        requests = 0
+    def _frames(self) -> None:
+        """Hand each whole frame of the buffer to the owner's callbacks."""
         while len(self.buffer) >= REQUEST.size and self.transport is not None:
             level, header_len, data_len = REQUEST.unpack_from(self.buffer)
             end = REQUEST.size + header_len + data_len
             if end > MAX_FRAME_BYTES:
                 logger.warning("closed the connection to a gateway that sent a frame of %d bytes", end)
                 self.transport.close()
-                return requests
+                return
             if len(self.buffer) < end:
-                return requests
+                return
             with memoryview(self.buffer) as view:
                 header = bytes(view[REQUEST.size : REQUEST.size + header_len])
                 entry_data = bytes(view[REQUEST.size + header_len : end])
@@ -454,9 +454,8 @@ class GatewayLink(asyncio.Protocol):
                 continue
             self.offered = max(self.offered - 1, 0)  # one request of the offer (a request of an
             # older offer may arrive after a newer one: the two sides' counts can differ)
+            self.received += 1
             self.owner.on_request(level, header, entry_data)
-            requests += 1
-        return requests
 
 
 class ReplyConnections:

@@ -29,7 +29,7 @@ from redis.exceptions import RedisError
 from naiad import keys, stats, telemetry
 from naiad.codec import QueuedRequest
 from naiad.redis_client import CommandBatch, HeldConnection
-from naiad.reply_channel import ReplyConnections, encode_executions
+from naiad.reply_channel import Address, ReplyConnections, encode_executions
 from workers.loader import VersionLoad, VersionLoader
 from workers.queue_reader import QueueReader
 
@@ -128,24 +128,29 @@ class ReplySender:
     def takes_now(self, queued: QueuedRequest) -> bool:
         """Whether :meth:`send_now` would answer ``queued`` alone (no entry to acknowledge,
         no telemetry to send, its gateway's direct connection open and taking writes)."""
-        address = queued.reply_address
-        return (
-            address is not None and not queued.entry_id and not self.loader.has_news()
-            and self.direct.takes_now(address)
-        )  # fmt: skip
+        address = self._direct_address([queued])
+        return address is not None and self.direct.takes_now(address)
 
     def send_now(
         self, pairs: Sequence[tuple[QueuedRequest, bytes]], runs: Sequence[stats.Execution] = (),
         offer: bool = False,
     ) -> bool:  # fmt: skip
-        """:meth:`send` within the caller's turn of the event loop, for a batch it takes
-        (:meth:`takes_now` of each request, one gateway): its replies and statistics in one
-        frame on that gateway's direct connection; False, nothing sent, otherwise."""
-        address = pairs[0][0].reply_address
-        if address is None or any(not self.takes_now(q) or q.reply_address != address for q, _ in pairs):
+        """:meth:`send` within the caller's turn of the event loop, for a batch whose frame
+        alone answers it (:meth:`_direct_address`): its replies and statistics in one frame
+        on that gateway's direct connection; False, nothing sent, otherwise."""
+        address = self._direct_address([queued for queued, _ in pairs])
+        if address is None:
             return False
         raw_stats = encode_executions(self.model, runs) if runs else b""
         return self.direct.send_now(address, b"".join(payload for _, payload in pairs), raw_stats, offer)
+
+    def _direct_address(self, requests: Sequence[QueuedRequest]) -> Address | None:
+        """The one gateway's direct reply address ``requests`` all name, when a frame there
+        alone answers them (no stream entry to acknowledge, no telemetry waiting); else None."""
+        addresses = {queued.reply_address for queued in requests}
+        if len(addresses) != 1 or any(queued.entry_id for queued in requests) or self.loader.has_news():
+            return None
+        return addresses.pop()
 
     def add_downloads(self, pipe: Pipeline, loads: list[VersionLoad] | None = None) -> None:
         """Queue the versions pulled from the repository and loaded since the last call

@@ -280,9 +280,10 @@ class Worker:
         and the batcher has it due now (not held for a batching delay): the way of
         :meth:`_process` without the serve loop's wake-up and turn (docs/benchmarks.md "Stop
         40"). True when it was answered; False leaves it to the serve loop."""
-        batcher, (queued,) = self.batcher, self._handed_over[:1] or (None,)
-        if batcher is None or queued is None or len(self._handed_over) > 1 or len(batcher):
+        batcher = self.batcher
+        if batcher is None or len(self._handed_over) != 1 or len(batcher):
             return False
+        queued = self._handed_over[0]
         loaded, version = self.loader.entry, queued.request.version
         if self.stopping.is_set() or loaded is None or version not in loaded.versions:
             return False

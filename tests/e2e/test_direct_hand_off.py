@@ -255,7 +255,7 @@ def test_a_killed_workers_heartbeat_is_removed_so_its_replacement_starts_at_once
     """The only worker, holding a handed request, is killed (-9): it cannot remove its own
     heartbeat, which would count it live for 3 heartbeat periods (15 s here) and hold back
     its replacement; the scaler, seeing its process gone, removes it, and a new worker
-    answers the request within seconds."""
+    answers the request before that heartbeat would have lapsed."""
     server = naiad_server(redis_url=redis_url, idle_timeout_s=30, extra_env={"NAIAD_HEARTBEAT_S": "5"})
     x = digits_holdout[0][:3]
     worker = warm_and_freeze(server, x)
@@ -263,8 +263,8 @@ def test_a_killed_workers_heartbeat_is_removed_so_its_replacement_starts_at_once
     (member,) = r.zrangebyscore(keys.workers("digits"), time.time(), "+inf")
     caller = Caller(server, x)
     time.sleep(1.0)  # handed to the frozen worker
-    killed_at = time.monotonic()
+    lapses_at = r.zscore(keys.workers("digits"), member)  # its last heartbeat's deadline
     worker.kill()
     np.testing.assert_array_equal(caller.answer(60).as_numpy("label"), labels(digits_onnx, x))
-    assert time.monotonic() - killed_at < 8.0  # its heartbeat would have counted it live 15 s
+    assert time.time() < lapses_at  # answered while the dead worker's heartbeat still stood
     assert member not in r.zrange(keys.workers("digits"), 0, -1)
