@@ -65,6 +65,8 @@ INT64_MAX = 2**63 - 1
 def from_parameters(params: Mapping[str, pb.InferParameter]) -> dict[str, Any]:
     """A ``map<string, InferParameter>`` as a plain dict of Python scalars."""
     result: dict[str, Any] = {}
+    if not params:  # most maps: no walk through the Mapping ABC's items view
+        return result
     for key, param in params.items():
         choice = param.WhichOneof("parameter_choice")
         if choice is None:

@@ -344,7 +344,7 @@ class Requests:
 
 def _header_list_size(headers: dict[str, str]) -> int:
     """RFC 9113 §6.5.2's size of a header list: names, values and 32 bytes a field."""
-    return sum(len(name) + len(value) + 32 for name, value in headers.items())
+    return sum(map(len, headers)) + sum(map(len, headers.values())) + 32 * len(headers)
 
 
 def _too_large(which: str, size: int, limit: int) -> str:
@@ -423,9 +423,11 @@ class GrpcFront:
         return _Connection(self._stream, self.http2_limits, self.connections)
 
     def _stream(self, stream: http2.Stream, header_list: list[tuple[str, str]]) -> http2.Receiver:
-        headers: dict[str, str] = {}
-        for name, value in header_list:
-            headers.setdefault(name, value)
+        headers = dict(header_list)
+        if len(headers) != len(header_list):  # a name sent twice: its first value, as grpc.aio
+            headers = {}
+            for name, value in header_list:
+                headers.setdefault(name, value)
         content_type = headers.get("content-type", "")
         if headers.get(":method") != "POST" or not content_type.startswith("application/grpc"):
             stream.send_headers(http2.header_block([(":status", "415")]), end_stream=True)

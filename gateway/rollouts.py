@@ -90,12 +90,15 @@ class Rollouts:
 
     def route(self, entry: ModelEntry, route_key: str | None) -> int:
         """The version a request to ``entry`` that names none gets."""
+        if not self.policy(entry).split:  # most models: no split, nothing rolled back to look up
+            return max(entry.versions)
         split = self.split(entry)
         return rollout.pick_version(split, entry.name, route_key) if split else max(entry.versions)
 
     def shadow(self, entry: ModelEntry, version: int) -> int | None:
         """The version a copy of a request answered by ``version`` also goes to, or None."""
-        return rollout.shadow_copy(self.policy(entry), version)
+        policy = self.policy(entry)
+        return None if policy.shadow is None else rollout.shadow_copy(policy, version)
 
     def observe(self, entry: ModelEntry, version: int, error: BaseException | None) -> None:
         """Count one outcome of ``version`` (``error`` None: a success) and roll the version

@@ -61,6 +61,8 @@ def shared_memory_ref(parameters: Mapping[str, Any], tensor: str) -> SharedMemor
     is not a string, an offset or size is not a non-negative integer, offset or size come
     without a region, or the region comes without its size (the spec requires both).
     """
+    if not parameters:
+        return None
     region = parameters.get(REGION)
     if region is None:
         for what in (OFFSET, BYTE_SIZE):
@@ -263,6 +265,8 @@ class SystemSharedMemory:
         """While the block runs, the regions of ``request``'s outputs are checked and cannot
         be unregistered (Triton's "currently in use"); nothing to hold for a request with no
         output in shared memory."""
+        if not request.outputs:
+            return _NOTHING_HELD
         refs = [o.shared_memory for o in request.outputs if o.shared_memory is not None]
         return self._holding(refs) if refs else _NOTHING_HELD
 
@@ -281,6 +285,8 @@ class SystemSharedMemory:
 
     def write_outputs(self, request: InferRequest, response: InferResponse) -> None:
         """Write each output ``request`` asked into a region there (inside :meth:`hold`)."""
+        if not request.outputs:
+            return
         refs = {o.name: o.shared_memory for o in request.outputs if o.shared_memory is not None}
         for tensor in response.outputs:
             ref = refs.get(tensor.name)
@@ -295,10 +301,13 @@ class SystemSharedMemory:
 
 
 _NOTHING_HELD = contextlib.nullcontext()
+_NONE: frozenset[str] = frozenset()
 
 
 def shared_memory_outputs(request: InferRequest) -> frozenset[str]:
     """Names of ``request``'s outputs that go to shared memory (rendered without data)."""
+    if not request.outputs:
+        return _NONE
     return frozenset(o.name for o in request.outputs if o.shared_memory is not None)
 
 

@@ -9,6 +9,8 @@ that holds the rank, the highest finite bound when the rank falls in ``+Inf``
 
 from __future__ import annotations
 
+import bisect
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -42,8 +44,15 @@ class Histogram:
 
 
 def field(prefix: str, bounds: Sequence[float], value: float) -> str:
-    """The bucket field of ``value``: ``<prefix><le>``, ``le`` formatted as Prometheus does."""
-    bound = next((b for b in bounds if value <= b), math.inf)
+    """The bucket field of ``value``: ``<prefix><le>``, ``le`` formatted as Prometheus does
+    (``bounds`` ascending; NaN goes to ``+Inf``, as no bound holds it)."""
+    at = bisect.bisect_left(bounds, value) if value == value else len(bounds)
+    return label(prefix, bounds[at] if at < len(bounds) else math.inf)
+
+
+@functools.lru_cache(maxsize=1024)
+def label(prefix: str, bound: float) -> str:
+    """``<prefix><le>`` of one bucket: ``le`` formatted as Prometheus does (``+Inf``, ``0.005``)."""
     return f"{prefix}{'+Inf' if math.isinf(bound) else format(bound, 'g')}"
 
 

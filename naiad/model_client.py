@@ -121,11 +121,5 @@ class ModelClient:
         statistics, written in the background with those of requests finishing meanwhile;
         the future of that write (never awaited on the answer's path)."""
         duration_ns, now_ms = time.perf_counter_ns() - started_ns, int(time.time() * 1000)
-        model, version = request.model, request.version  # not the request: its tensors go now
-
-        def add(pipe: Any) -> None:
-            stats.add_request(pipe, model, version, ok, duration_ns, now_ms, reason)
-            if extra is not None:
-                extra(pipe)
-
-        return self.writer.add(add)
+        written = self.writer.add_request(request.model, request.version, ok, duration_ns, now_ms, reason)
+        return written if extra is None else self.writer.add(extra)  # the same write

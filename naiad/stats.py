@@ -26,6 +26,7 @@ Nothing here does I/O except :func:`read`.
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -143,13 +144,27 @@ def add_request(
 ) -> None:
     """Queue one request's outcome (``success``, or ``fail`` with its ``reason``, one of
     :data:`FAILURE_REASONS`: see :func:`failure_reason`) and its duration on ``pipe``."""
-    key, v = keys.stats(model), f"{version}:"
+    add_requests(pipe, model, version, ok, [duration_ns], now_ms, reason)
+
+
+def add_requests(
+    pipe: Pipeline, model: str, version: int, ok: bool, durations_ns: Sequence[int], now_ms: int,
+    reason: str = "OTHER",
+) -> None:  # fmt: skip
+    """:func:`add_request` of requests of one outcome at once (``durations_ns``: each one's;
+    ``now_ms``: the last one's end), each counter added once: what a gateway's statistics
+    write does with the requests that finished while it lingered
+    (:meth:`naiad.stats_writer.StatsWriter.add_request`)."""
+    key, v, count, total = keys.stats(model), f"{version}:", len(durations_ns), sum(durations_ns)
     if ok:
-        _incr(pipe, key, v, "success", 1, duration_ns)
-        pipe.hincrby(key, histogram.field(f"{v}duration_bucket:", REQUEST_BUCKETS_S, duration_ns / 1e9), 1)
-    else:
-        _incr(pipe, key, f"{v}fail:", reason if reason in FAILURE_REASONS else "OTHER", 1, duration_ns)
-    if not ok:  # a success's worker already stamped it; a failure may never reach one
+        _incr(pipe, key, v, "success", count, total)
+        prefix = f"{v}duration_bucket:"
+        field = histogram.field
+        buckets = collections.Counter(field(prefix, REQUEST_BUCKETS_S, ns / 1e9) for ns in durations_ns)
+        for name, n in buckets.items():
+            pipe.hincrby(key, name, n)
+    else:  # a success's worker already stamped its last inference; a failure may never reach one
+        _incr(pipe, key, f"{v}fail:", reason if reason in FAILURE_REASONS else "OTHER", count, total)
         pipe.hset(key, f"{v}last_inference_ms", now_ms)
 
 

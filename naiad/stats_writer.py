@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import itertools
 import logging
+import operator
 from collections.abc import Callable
 
 import redis.asyncio as aioredis
@@ -38,6 +40,25 @@ LINGER_S = 0.1
 
 #: Queues one request's counters on a pipeline (e.g. a partial of :func:`naiad.stats.add_request`).
 Add = Callable[[Pipeline], None]
+#: One request's outcome (:meth:`StatsWriter.add_request`): model, version, ok, failure
+#: reason, duration (ns), end (Unix ms).
+Outcome = tuple[str, int, bool, str, int, int]
+
+
+def _add_outcomes(counters: Counters, outcomes: list[Outcome]) -> None:
+    """``outcomes`` added to ``counters``, those of one model version, result and reason at
+    once (:func:`naiad.stats.add_requests`); a failure's last inference is the version's
+    latest end, as when each is added in turn."""
+    groups: dict[tuple[str, int, bool, str], list[int]] = {}
+    last: dict[tuple[str, int], int] = {}
+    for model, version, ok, reason, duration_ns, now_ms in outcomes:
+        durations = groups.get((model, version, ok, reason))
+        if durations is None:
+            durations = groups[model, version, ok, reason] = []
+        durations.append(duration_ns)
+        last[model, version] = max(last.get((model, version), now_ms), now_ms)
+    for (model, version, ok, reason), durations in groups.items():
+        stats.add_requests(counters, model, version, ok, durations, last[model, version], reason)  # type: ignore[arg-type]
 
 
 class Counters:
@@ -61,8 +82,9 @@ class Counters:
         if values:
             self.values.setdefault(key, {}).update(values)
         fields = self.increments.setdefault(key, {})
-        for name, amount in increments.items():
-            fields[name] = fields.get(name, 0) + int(amount)
+        # summed by map in C: a batch's ~16 counters without a Python loop (ints already)
+        sums = list(map(operator.add, map(fields.get, increments, itertools.repeat(0)), increments.values()))
+        fields.update(zip(increments, sums, strict=True))
 
     def queue(self, pipe: Pipeline) -> None:
         for key in {**self.increments, **self.values}:
@@ -76,7 +98,8 @@ class StatsWriter:
         self.redis = redis
         self._connection = HeldConnection(redis)  # one write at a time (_write)
         self._adds: list[Add] = []
-        self._done: asyncio.Future[None] | None = None  # resolved when ``_adds`` is written
+        self._requests: list[Outcome] = []  # requests' outcomes (add_request), with ``_adds``
+        self._done: asyncio.Future[None] | None = None  # resolved when those are written
         self._sending: asyncio.Future[None] | None = None  # the write in flight
         self._writer: asyncio.Task[None] | None = None
         self._hurry: asyncio.Future[None] | None = None  # resolved: stop lingering
@@ -84,9 +107,21 @@ class StatsWriter:
     def add(self, add: Add) -> asyncio.Future[None]:
         """Queue ``add`` for the next write (started now unless one is in flight); the
         future of that write. A failed write is logged here, its waiters see the error."""
+        self._adds.append(add)
+        return self._next_write()
+
+    def add_request(
+        self, model: str, version: int, ok: bool, duration_ns: int, now_ms: int, reason: str = "OTHER"
+    ) -> asyncio.Future[None]:
+        """:meth:`add` of :func:`naiad.stats.add_request`'s counters, kept as a tuple: the
+        write adds those of a model version's requests of one outcome at once
+        (:func:`naiad.stats.add_requests`), not request by request."""
+        self._requests.append((model, version, ok, reason, duration_ns, now_ms))
+        return self._next_write()
+
+    def _next_write(self) -> asyncio.Future[None]:
         if self._done is None:
             self._done = asyncio.get_running_loop().create_future()
-        self._adds.append(add)
         if self._writer is None:  # in a context of its own: its log records belong to no request
             # made now, not when the task first runs: a flush in this loop turn hurries it too
             self._hurry = asyncio.get_running_loop().create_future()
@@ -100,7 +135,7 @@ class StatsWriter:
 
     async def flush(self) -> None:
         """Wait until everything added so far is written (or its write failed: logged)."""
-        waiting = self._done if self._adds else self._sending
+        waiting = self._done if self._adds or self._requests else self._sending
         if waiting is not None:
             self._stop_lingering()
             await asyncio.wait([waiting])
@@ -124,11 +159,12 @@ class StatsWriter:
     async def _write(self) -> None:
         try:
             await self._linger()
-            while self._adds:
-                adds, done = self._adds, self._done
-                self._adds, self._done, self._sending = [], None, done
+            while self._adds or self._requests:
+                adds, requests, done = self._adds, self._requests, self._done
+                self._adds, self._requests, self._done, self._sending = [], [], None, done
                 assert done is not None
                 counters = Counters()
+                _add_outcomes(counters, requests)
                 for add in adds:
                     try:
                         add(counters)  # type: ignore[arg-type]
@@ -144,10 +180,11 @@ class StatsWriter:
                     for waiting in (done, self._done):
                         if waiting is not None:
                             waiting.cancel()
-                    self._adds, self._done = [], None
+                    self._adds, self._requests, self._done = [], [], None
                     raise
                 except Exception as exc:  # every waiter of this write sees its failure
-                    logger.warning("statistics of %d requests not recorded: %s", len(adds), exc)
+                    lost = len(adds) + len(requests)
+                    logger.warning("statistics of %d requests not recorded: %s", lost, exc)
                     done.set_exception(exc)
                     done.exception()  # retrieved here: nobody may wait on it
                 else:

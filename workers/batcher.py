@@ -101,6 +101,8 @@ class Batcher:
     def expired(self, now: float) -> list[QueuedRequest]:
         """Remove and return the requests whose queue timeout passed under REJECT."""
         gone = [h for h in self._held if h.reject and now > h.deadline]
+        if not gone:
+            return []
         self._held = [h for h in self._held if not (h.reject and now > h.deadline)]
         return [h.queued for h in gone]
 

@@ -54,11 +54,13 @@ def next_batch(
         return [0], 0.0
     sizes = set(preferred) or {max_rows}
     largest = max(sizes)
-    key = batch_key(requests[0])
+    key = None  # the first request's batch_key, computed once a second one is looked at
     batch: list[int] = []
     best: list[int] | None = None
     pending, full = 0, False
     for index, request in enumerate(requests):
+        if index and key is None:
+            key = batch_key(requests[0])
         if index and batch_key(request) != key:  # the first opened the batch: its key
             full = True  # Triton sends at once what waits behind an incompatible request
             if contiguous:

@@ -417,6 +417,42 @@ def test_a_frames_statistics_are_decoded_when_written_and_a_malformed_one_adds_n
     assert "malformed statistics in a reply frame" in caplog.text
 
 
+@pytest.mark.parametrize(
+    "run",
+    [
+        [True, 1, [10], {"compute_infer": 5}, 5],  # a bool is no count
+        [1, -1, [10], {"compute_infer": 5}, 5],  # negative rows
+        [1, 1, [reply_channel.MAX_STAT + 1], {}, 5],  # a queue time past the bound
+        [1, 1, [10], {"compute_infer": 5.0}, 5],  # a float phase
+        [1, 1, [10], {"compile": 5}, 5],  # a phase Triton does not have
+        [1, 1, (10,), {}, 5],  # queue times not a list (a msgpack array is one: here a map below)
+        [1, 1, {"a": 1}, {}, 5],
+        [1, 1, [10], [5], 5],  # phases not a map
+        [1, 1, [10], {}],  # a field missing
+    ],
+)
+def test_malformed_statistics_are_refused_with_valueerror(run):
+    """A reply frame's statistics decode only when every count is an int in 0..MAX_STAT
+    and every phase one of Triton's; anything else is one ValueError (logged, dropped)."""
+    raw = reply_channel.msgpack.packb([MODEL, [run]])
+    if run[2] == (10,):  # msgpack writes a tuple as an array: the decoder sees a list, valid
+        assert reply_channel.decode_executions(raw)[1][0].queue_ns == [10]
+        return
+    with pytest.raises(ValueError, match="malformed statistics in a reply frame"):
+        reply_channel.decode_executions(raw)
+
+
+def test_statistics_round_trip_as_encoded():
+    from naiad import stats  # noqa: PLC0415
+
+    phases = {"compute_input": 1, "compute_output": 0}
+    runs = [stats.Execution(2, 3, [0, 7, reply_channel.MAX_STAT], phases, 9)]
+    model, decoded = reply_channel.decode_executions(reply_channel.encode_executions(MODEL, runs))
+    assert model == MODEL and decoded == runs
+    with pytest.raises(ValueError):
+        reply_channel.decode_executions(reply_channel.msgpack.packb([7, []]))  # a model name not a string
+
+
 def test_a_workers_link_hands_each_request_of_a_read_then_says_the_read_is_done():
     """The worker's end of a gateway's socket (GatewayLink): every whole request frame of
     one read goes to ``on_request``, then ``on_read`` once (the worker batches what came

@@ -246,3 +246,40 @@ def test_queue_count_includes_cache_hits(redis_url):
     assert inference["cache_miss"] == {"count": 1, "ns": 40}
     assert v1["execution_count"] == 1 and inference["compute_infer"]["count"] == 1
     assert v1["response_stats"] == {} and v1["memory_usage"] == []
+
+
+def test_a_writers_outcomes_add_up_as_each_request_recorded_alone(redis_url):
+    """StatsWriter.add_request groups a write's outcomes by model version, result and
+    reason (stats.add_requests): the hash it leaves equals what each request's own
+    stats.add_request leaves (counts, ns, duration buckets, last inference of failures)."""
+    from naiad.stats_writer import StatsWriter  # noqa: PLC0415
+
+    outcomes = [  # model, version, ok, duration ns, end ms, reason
+        ("w", 1, True, 400_000, 10, "OTHER"), ("w", 1, True, 3_000_000, 11, "OTHER"),
+        ("w", 1, True, 900_000, 12, "OTHER"), ("w", 2, True, 60_000_000_000, 13, "OTHER"),
+        ("w", 1, False, 5_000, 14, "REJECTED"), ("w", 1, False, 7_000, 17, "REJECTED"),
+        ("w", 1, False, 9_000, 15, "BACKEND"), ("w", 1, False, 1_000, 16, "no such reason"),
+    ]  # fmt: skip
+
+    async def scenario():
+        redis = connect(redis_url)
+        await redis.delete(keys.stats("w"), keys.stats("alone"))
+        writer = StatsWriter(redis)
+        for model, version, ok, ns, end, reason in outcomes:
+            writer.add_request(model, version, ok, ns, end, reason)
+        await writer.flush()
+        async with redis.pipeline(transaction=False) as pipe:
+            for _, version, ok, ns, end, reason in outcomes:
+                stats.add_request(pipe, "alone", version, ok, ns, end, reason)
+            await pipe.execute()
+        grouped, alone = await redis.hgetall(keys.stats("w")), await redis.hgetall(keys.stats("alone"))
+        await redis.aclose()
+        return grouped, alone
+
+    grouped, alone = asyncio.run(scenario())
+    # each request alone leaves the last one's end (16); grouped, the version's latest (17)
+    assert int(alone.pop(b"1:last_inference_ms")) == 16 and int(grouped.pop(b"1:last_inference_ms")) == 17
+    assert grouped == alone
+    assert int(grouped[b"1:success_count"]) == 3 and int(grouped[b"1:success_ns"]) == 4_300_000
+    assert int(grouped[b"1:fail:REJECTED_count"]) == 2 and int(grouped[b"1:fail:OTHER_count"]) == 1
+    assert int(grouped[b"1:duration_bucket:0.001"]) == 2 and int(grouped[b"2:duration_bucket:+Inf"]) == 1
