@@ -140,8 +140,9 @@ def _request_parameters(header: dict[str, Any]) -> dict[str, Any]:
 def _shape(raw: Any, name: str) -> list[int]:
     if not isinstance(raw, list) or len(raw) > MAX_DIMS:
         raise InvalidInput(f"input '{name}': 'shape' must be a list of at most {MAX_DIMS} sizes")
-    if not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**63 for d in raw):
-        raise InvalidInput(f"input '{name}': shape {raw} must hold non-negative integers")
+    for d in raw:  # a loop, not all(generator): a request's few dims
+        if type(d) is not int or not 0 <= d < 2**63:  # bool is not an int here
+            raise InvalidInput(f"input '{name}': shape {raw} must hold non-negative integers")
     return raw
 
 

@@ -89,8 +89,8 @@ SINGLETON_FIELDS = frozenset(
 #: Bytes a connection may hold pipelined behind the request it is answering before it stops
 #: reading (TCP then pushes back on the client).
 MAX_PIPELINED_BYTES = 256 * 1024
-#: Status codes with a reason phrase (RFC 9110 §15); another code is written without one.
-PHRASES = frozenset(HTTPStatus)
+#: Reason phrases by status code (RFC 9110 §15); another code is written without one.
+PHRASES = {status.value: status.phrase for status in HTTPStatus}
 SERVER_SOFTWARE_BYTES = SERVER_SOFTWARE.encode("latin-1")
 #: The error body's content type, as ``aiohttp.web.json_response`` writes it.
 JSON_TYPE = "application/json; charset=utf-8"
@@ -179,8 +179,9 @@ def http_date() -> bytes:
 def answer_head(status: int, headers: dict[str, str], length: int, close: bool) -> bytes:
     """One HTTP/1.1 answer's head: status line, ``headers``, ``Content-Length: length``,
     ``Date``, ``Server`` (aiohttp's), ``Connection: close`` when ``close``, blank line."""
-    phrase = HTTPStatus(status).phrase if status in PHRASES else ""
-    lines = [f"HTTP/1.1 {status} {phrase}", *(f"{name}: {value}" for name, value in headers.items())]
+    lines = [f"HTTP/1.1 {status} {PHRASES.get(status, '')}"]
+    for name, value in headers.items():
+        lines.append(f"{name}: {value}")
     lines.append(f"Content-Length: {length}")
     head = "\r\n".join(lines).encode("latin-1") + b"\r\nDate: " + http_date() + b"\r\nServer: "
     return head + SERVER_SOFTWARE_BYTES + (b"\r\nConnection: close" if close else b"") + b"\r\n\r\n"

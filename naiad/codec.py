@@ -201,7 +201,7 @@ def decode_request(model: str, fields: dict[bytes, bytes], entry_id: bytes = b""
 
 def _address(value: Any) -> tuple[str, str] | None:
     """A header's ``ra``: ``(path, token)``, or None when absent or not two strings."""
-    if isinstance(value, list | tuple) and len(value) == 2 and all(isinstance(v, str) for v in value):
+    if isinstance(value, list | tuple) and len(value) == 2 and type(value[0]) is type(value[1]) is str:
         return value[0], value[1]
     return None
 

@@ -206,7 +206,11 @@ class ReplyServer:
         ]
         if not usable:
             return None
-        link = next((link for link in usable if link.offered == link.offer_size), usable[0])
+        link = usable[0]
+        for candidate in usable:  # the first idle one (a loop: no generator a request)
+            if candidate.offered == candidate.offer_size:
+                link = candidate
+                break
         link.offered -= 1
         if link.offered <= 0:
             offers.remove(link)  # type: ignore[union-attr]
@@ -388,7 +392,11 @@ class WorkerLink(asyncio.Protocol):
         try:
             model, versions, count, worker_id = msgpack.unpackb(raw)
             model, count, self.worker_id = _str(model), _int(count), _str(worker_id)
-            versions = frozenset(_int(v) for v in versions)
+            if type(versions) is not list:
+                raise TypeError("expected a list of version numbers")
+            for version in versions:  # a loop, no generator: an offer comes with each answer
+                _int(version)
+            versions = frozenset(versions)
             if not 0 <= count <= MAX_OFFER or (self.model is not None and model != self.model):
                 raise ValueError(f"an offer of {count} requests of '{model}'")
         except (ValueError, TypeError, OverflowError, msgpack.UnpackException) as exc:

@@ -76,7 +76,7 @@ def next_batch(
         pending += size
         if pending in sizes:
             best = list(batch)
-    oldest_s = max(ages_s[i] for i in batch)
+    oldest_s = max(map(ages_s.__getitem__, batch))
     delay_exceeded = max_delay_s > 0 and oldest_s >= max_delay_s
     if best is not None and not delay_exceeded:
         return best, 0.0

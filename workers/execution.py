@@ -169,7 +169,7 @@ class BatchExecutor:
         sizes = [batching.rows(r) if batched else 1 for r in requests]
         feed = runner.feed(batching.merge(requests), sum(sizes))
         names = runner.names([o.name for o in requests[0].outputs])
-        elements = sum(array.size for array in feed.values())
+        elements = sum([array.size for array in feed.values()])
         return _Prepared(started_s, t0, batched, sizes, feed, names, elements, time.perf_counter_ns())
 
     def _infer_inline(self, runner: ModelRunner, prepared: _Prepared) -> Any:

@@ -142,15 +142,16 @@ class ReplySender:
         if address is None:
             return False
         raw_stats = encode_executions(self.model, runs) if runs else b""
-        return self.direct.send_now(address, b"".join(payload for _, payload in pairs), raw_stats, offer)
+        return self.direct.send_now(address, b"".join([payload for _, payload in pairs]), raw_stats, offer)
 
     def _direct_address(self, requests: Sequence[QueuedRequest]) -> Address | None:
         """The one gateway's direct reply address ``requests`` all name, when a frame there
         alone answers them (no stream entry to acknowledge, no telemetry waiting); else None."""
-        addresses = {queued.reply_address for queued in requests}
-        if len(addresses) != 1 or any(queued.entry_id for queued in requests) or self.loader.has_news():
-            return None
-        return addresses.pop()
+        address = requests[0].reply_address if requests else None
+        for queued in requests:  # a loop, no comprehension: one request at c1
+            if queued.entry_id or queued.reply_address != address:
+                return None
+        return None if address is None or self.loader.has_news() else address
 
     def add_downloads(self, pipe: Pipeline, loads: list[VersionLoad] | None = None) -> None:
         """Queue the versions pulled from the repository and loaded since the last call

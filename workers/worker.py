@@ -287,7 +287,7 @@ class Worker:
         loaded, version = self.loader.entry, queued.request.version
         if self.stopping.is_set() or loaded is None or version not in loaded.versions:
             return False
-        runner = self.executor.runnable_now(version, sum(t.data.size for t in queued.request.inputs))
+        runner = self.executor.runnable_now(version, sum([t.data.size for t in queued.request.inputs]))
         if runner is None or not self.replies.takes_now(queued):
             return False
         self._take_handed()

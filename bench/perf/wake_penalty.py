@@ -57,7 +57,8 @@ def run(sleeps_ms: Sequence[float], rounds: int) -> list[tuple[str, list[float]]
     timed(step, lambda: None, rounds)  # warm: imports, caches of the interpreter
     rows = [("hot (back to back)", timed(step, lambda: None, rounds))]
     for ms in sleeps_ms:
-        rows.append((f"after a {ms:g} ms sleep", timed(step, lambda s=ms / 1e3: time.sleep(s), rounds)))
+        pause = ms / 1e3
+        rows.append((f"after a {ms:g} ms sleep", timed(step, lambda s=pause: time.sleep(s), rounds)))
     return rows
 
 
@@ -68,8 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     rows = run(args.sleep_ms, args.rounds)
     hot = rows[0][1][0]
-    print(f"`python -m bench.perf.wake_penalty {' '.join(sys.argv[1:] if argv is None else argv)}`: "
-          f"`parse_infer_request` of the `digits` JSON request, median µs of {args.rounds} rows\n")  # fmt: skip
+    command = " ".join(sys.argv[1:] if argv is None else argv)
+    print(f"`python -m bench.perf.wake_penalty {command}`: `parse_infer_request` of the `digits` "
+          f"JSON request, median µs of {args.rounds} rows\n")  # fmt: skip
     print("| condition | " + " | ".join(f"call {i + 1}" for i in range(CALLS)) + " | call 1 / hot |")
     print("| --- |" + " --- |" * (CALLS + 1))
     for name, micros in rows:
