@@ -233,7 +233,7 @@ async def run_requests(
     raises when the whole batch fails."""
     requests = [queued.request for queued in group]
     batched = runner.config.max_batch_size > 0
-    rows = sum(batching.rows(r) if batched else 1 for r in requests)
+    rows = sum([batching.rows(r) for r in requests]) if batched else len(requests)
     started_s, t1 = time.time(), time.perf_counter_ns()
     with tracing.span("naiad.backend", {"naiad.batch_rows": rows, "naiad.batch_requests": len(group)}):
         results = await thread.run(_with_spinners, spinners, runner.backend.execute_requests, requests)  # type: ignore[attr-defined]

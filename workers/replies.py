@@ -72,7 +72,7 @@ class ReplySender:
         them (a timeout waiting for its claim, the process frozen past the socket timeout,
         comes after Redis ran everything else), and counting twice is worse than not at all;
         nor an offer, and :attr:`on_redis_failure` is called before each retry."""
-        give_up_at = max((queued.deadline for queued, _ in pairs), default=0.0)
+        give_up_at = max([queued.deadline for queued, _ in pairs], default=0.0)
         backoff = REDIS_BACKOFF_S[0]
         while True:
             try:
@@ -101,7 +101,7 @@ class ReplySender:
         address = pairs[0][0].reply_address if len(by_list) == 1 and not batch.commands else None
         if address is not None:
             raw_stats = encode_executions(self.model, runs) if runs else b""
-            replies = b"".join(payload for _, payload in pairs)
+            replies = b"".join([payload for _, payload in pairs])
             if await self.direct.send(address, replies, raw_stats, offer):
                 by_list, runs = {}, ()  # that gateway records the statistics
         for run in runs:
