@@ -47,24 +47,25 @@ Outcome = tuple[str, int, bool, str, int, int]
 
 def _add_outcomes(counters: Counters, outcomes: list[Outcome]) -> None:
     """``outcomes`` added to ``counters``, those of one model version, result and reason at
-    once (:func:`naiad.stats.add_requests`); a failure's last inference is the version's
-    latest end, as when each is added in turn."""
-    groups: dict[tuple[str, int, bool, str], list[int]] = {}
-    last: dict[tuple[str, int], int] = {}
+    once (:func:`naiad.stats.add_requests`, each group with its latest end)."""
+    groups: dict[tuple[str, int, bool, str], tuple[list[int], list[int]]] = {}
     for model, version, ok, reason, duration_ns, now_ms in outcomes:
-        durations = groups.get((model, version, ok, reason))
-        if durations is None:
-            durations = groups[model, version, ok, reason] = []
-        durations.append(duration_ns)
-        last[model, version] = max(last.get((model, version), now_ms), now_ms)
-    for (model, version, ok, reason), durations in groups.items():
-        stats.add_requests(counters, model, version, ok, durations, last[model, version], reason)  # type: ignore[arg-type]
+        group = groups.get((model, version, ok, reason))
+        if group is None:
+            group = groups[model, version, ok, reason] = ([], [])
+        group[0].append(duration_ns)
+        group[1].append(now_ms)
+    for (model, version, ok, reason), (durations, ends) in groups.items():
+        stats.add_requests(counters, model, version, ok, durations, max(ends), reason)  # type: ignore[arg-type]
 
 
 class Counters:
     """Stands in for a pipeline to the ``add_*`` functions of :mod:`naiad.stats` (HINCRBY,
     HSET, and :func:`naiad.stats.add_counters`' many fields at once), summing what they add
-    per hash field; :meth:`queue` sends the sums as one command per hash."""
+    per hash field; :meth:`queue` sends the sums as one command per hash. A field set
+    (HSET) keeps the largest value set within the write: the only ones set are times
+    (``<v>:last_inference_ms``, Unix ms), and the requests and batches a write carries come
+    in any order (a failure's outcome, a worker's batch statistics), so the newest wins."""
 
     def __init__(self) -> None:
         self.increments: dict[str, dict[str, int]] = {}
@@ -75,12 +76,13 @@ class Counters:
         fields[name] = fields.get(name, 0) + int(amount)
 
     def hset(self, key: str, name: str, value: int) -> None:
-        self.values.setdefault(key, {})[name] = value
+        fields = self.values.setdefault(key, {})
+        fields[name] = max(fields.get(name, value), value)
 
     def merge_counters(self, key: str, increments: dict[str, int], values: dict[str, int]) -> None:
         """What :func:`naiad.stats.add_counters` would send as one command, summed in."""
-        if values:
-            self.values.setdefault(key, {}).update(values)
+        for name, value in values.items():
+            self.hset(key, name, value)
         fields = self.increments.setdefault(key, {})
         # summed by map in C: a batch's ~16 counters without a Python loop (ints already)
         sums = list(map(operator.add, map(fields.get, increments, itertools.repeat(0)), increments.values()))
@@ -164,7 +166,10 @@ class StatsWriter:
                 self._adds, self._requests, self._done, self._sending = [], [], None, done
                 assert done is not None
                 counters = Counters()
-                _add_outcomes(counters, requests)
+                try:
+                    _add_outcomes(counters, requests)
+                except Exception:  # never the write's end: its waiters must hear of it
+                    logger.exception("statistics of %d requests not recorded", len(requests))
                 for add in adds:
                     try:
                         add(counters)  # type: ignore[arg-type]

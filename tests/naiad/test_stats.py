@@ -283,3 +283,29 @@ def test_a_writers_outcomes_add_up_as_each_request_recorded_alone(redis_url):
     assert int(grouped[b"1:success_count"]) == 3 and int(grouped[b"1:success_ns"]) == 4_300_000
     assert int(grouped[b"1:fail:REJECTED_count"]) == 2 and int(grouped[b"1:fail:OTHER_count"]) == 1
     assert int(grouped[b"1:duration_bucket:0.001"]) == 2 and int(grouped[b"2:duration_bucket:+Inf"]) == 1
+
+
+def test_a_failure_after_a_batch_in_one_write_leaves_the_newest_last_inference(redis_url):
+    """A write carries a worker's batch statistics (their last inference: the batch's end)
+    and request outcomes in any order; the hash keeps the newest time it was given, not the
+    one added last (review of stop 41: the grouped outcomes went first, the batch after)."""
+    from naiad import reply_channel  # noqa: PLC0415
+    from naiad.queue_client import _add_executions  # noqa: PLC0415
+    from naiad.stats_writer import StatsWriter  # noqa: PLC0415
+
+    async def scenario():
+        redis = connect(redis_url)
+        await redis.delete(keys.stats("late"))
+        writer = StatsWriter(redis)
+        batch = stats.Execution(1, 1, [5], {"compute_infer": 7}, 1_000)
+        raw = reply_channel.encode_executions("late", [batch])
+        writer.add(lambda pipe: _add_executions(pipe, raw))  # the batch ended at 1,000 ms
+        writer.add_request("late", 1, True, 10, 1_000)
+        writer.add_request("late", 1, False, 10, 2_000, "REJECTED")  # a failure at 2,000 ms, no batch
+        writer.add(lambda pipe: _add_executions(pipe, raw))  # an older batch's statistics, last in
+        await writer.flush()
+        last = await redis.hget(keys.stats("late"), "1:last_inference_ms")
+        await redis.aclose()
+        return int(last)
+
+    assert asyncio.run(scenario()) == 2_000
