@@ -41,6 +41,24 @@ logger = logging.getLogger(__name__)
 #: them (it stops earlier at an empty queue or at the first request for a newer version).
 RETIRE_S = 10.0
 
+#: An idle worker's decision to leave, atomic in Redis: it counts the model's other live
+#: workers (heartbeat deadlines from ARGV[1], Unix s, on; itself, ARGV[2], left out) and
+#: removes its own heartbeat only when they are at least ARGV[3] (the model's ``min_workers``:
+#: :func:`workers.scaling.may_leave_idle`'s rule). Returns that count, and 1 when it left.
+#: One script, not ZREM then ZCOUNT: a worker that stays is never off the live count (the
+#: scaler and ``naiad_model_workers`` read it any time), and of two deciding at once the
+#: second counts the first gone and stays.
+LEAVE_IF_OTHERS = """
+local others = redis.call('ZCOUNT', KEYS[1], ARGV[1], '+inf')
+local own = redis.call('ZSCORE', KEYS[1], ARGV[2])
+if own and tonumber(own) >= tonumber(ARGV[1]) then others = others - 1 end
+if others >= tonumber(ARGV[3]) then
+  redis.call('ZREM', KEYS[1], ARGV[2])
+  return {others, 1}
+end
+return {others, 0}
+"""
+
 
 class Lifecycle:
     """The standing of worker ``worker_id`` of ``model`` (module docstring). ``stopping`` is
@@ -55,6 +73,7 @@ class Lifecycle:
         self.superseded = False  # the registry no longer serves what this worker loaded
         self._retire_by: float | None = None  # versions changed: serve the old queue until then
         self.registry = RegistryReader(redis)
+        self._leave_if_others = redis.register_script(LEAVE_IF_OTHERS)
         self._generation: int | None = None
         self.registered_raw: bytes | None = None  # the registry entry as last read
 
@@ -142,13 +161,13 @@ class Lifecycle:
         return [r for r in requests if id(r) not in handed]
 
     async def leave_if_idle(self, policy: scaling.ScalingPolicy) -> Sequence[QueuedRequest] | None:
-        """Deregister, then look once more: None to leave; else the worker stays (registered
-        again), with a request that raced the decision to serve, or none when the model's
-        ``min_workers`` needs it (of two deciding at once, the one that counts last sees the
-        other gone and stays)."""
-        await self.redis.zrem(keys.workers(self.model), self.worker_id)
-        others = await self.redis.zcount(keys.workers(self.model), time.time(), "+inf")
-        if not scaling.may_leave_idle(policy, others):
+        """Deregister when the model's ``min_workers`` allows (:data:`LEAVE_IF_OTHERS`, one
+        atomic step), then look once more: None to leave; else the worker stays, with a
+        request that raced the decision to serve (registered again), or none when
+        ``min_workers`` needs it (never off the live count then)."""
+        keys_, args = [keys.workers(self.model)], [time.time(), self.worker_id, policy.min_workers]
+        others, left = await self._leave_if_others(keys=keys_, args=args)
+        if not left:  # min_workers needs it: counted live all along, its heartbeat renewed
             await self.heartbeat()
             return []
         late = await self.queue.read(1, None)
