@@ -18,7 +18,7 @@ Who records what follows Triton (docs/protocol/extension_statistics.md): a worke
 each batch it executed successfully (:func:`add_execution`: queue time per request, the
 three compute phases once per request in ``inference_stats`` and once per batch in
 ``batch_stats``); the gateway records each request that reached the model's queue as a
-success or a failure with its whole duration (:func:`add_request`) and, for a model with
+success or a failure with its whole duration (:func:`add_requests`) and, for a model with
 the response cache, its lookup as a ``cache_hit`` or ``cache_miss`` (:func:`add_cache`).
 Nothing here does I/O except :func:`read`.
 """
@@ -139,22 +139,16 @@ def _execution_fields(version: int, rows: int) -> tuple[str, ...]:
     return tuple(names)
 
 
-def add_request(
-    pipe: Pipeline, model: str, version: int, ok: bool, duration_ns: int, now_ms: int, reason: str = "OTHER"
-) -> None:
-    """Queue one request's outcome (``success``, or ``fail`` with its ``reason``, one of
-    :data:`FAILURE_REASONS`: see :func:`failure_reason`) and its duration on ``pipe``."""
-    add_requests(pipe, model, version, ok, [duration_ns], now_ms, reason)
-
-
 def add_requests(
     pipe: Pipeline, model: str, version: int, ok: bool, durations_ns: Sequence[int], now_ms: int,
     reason: str = "OTHER",
 ) -> None:  # fmt: skip
-    """:func:`add_request` of requests of one outcome at once (``durations_ns``: each one's;
-    ``now_ms``: the last one's end), each counter added once: what a gateway's statistics
-    write does with the requests that finished while it lingered
-    (:meth:`naiad.stats_writer.StatsWriter.add_request`)."""
+    """Queue the outcome of requests of one model version and one result on ``pipe``:
+    ``success``, or ``fail`` with its ``reason`` (one of :data:`FAILURE_REASONS`: see
+    :func:`failure_reason`), their durations (``durations_ns``: each one's) and, for a
+    failure, ``now_ms`` (the last one's end) as the last inference; each counter added once
+    (a gateway's statistics write adds those that finished while it lingered:
+    :meth:`naiad.stats_writer.StatsWriter.add_request`)."""
     key, v, count, total = keys.stats(model), f"{version}:", len(durations_ns), sum(durations_ns)
     if ok:
         _incr(pipe, key, v, "success", count, total)

@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 #: sends it at once).
 LINGER_S = 0.1
 
-#: Queues one request's counters on a pipeline (e.g. a partial of :func:`naiad.stats.add_request`).
+#: Queues counters on a pipeline (e.g. :func:`naiad.stats.add_execution` of a batch).
 Add = Callable[[Pipeline], None]
 #: One request's outcome (:meth:`StatsWriter.add_request`): model, version, ok, failure
 #: reason, duration (ns), end (Unix ms).
@@ -48,15 +48,15 @@ Outcome = tuple[str, int, bool, str, int, int]
 def _add_outcomes(counters: Counters, outcomes: list[Outcome]) -> None:
     """``outcomes`` added to ``counters``, those of one model version, result and reason at
     once (:func:`naiad.stats.add_requests`, each group with its latest end)."""
-    groups: dict[tuple[str, int, bool, str], tuple[list[int], list[int]]] = {}
+    durations: dict[tuple[str, int, bool, str], list[int]] = {}
+    ends: dict[tuple[str, int, bool, str], int] = {}
     for model, version, ok, reason, duration_ns, now_ms in outcomes:
-        group = groups.get((model, version, ok, reason))
-        if group is None:
-            group = groups[model, version, ok, reason] = ([], [])
-        group[0].append(duration_ns)
-        group[1].append(now_ms)
-    for (model, version, ok, reason), (durations, ends) in groups.items():
-        stats.add_requests(counters, model, version, ok, durations, max(ends), reason)  # type: ignore[arg-type]
+        group = (model, version, ok, reason)
+        durations.setdefault(group, []).append(duration_ns)
+        ends[group] = max(ends.get(group, now_ms), now_ms)
+    for group, group_ns in durations.items():
+        model, version, ok, reason = group
+        stats.add_requests(counters, model, version, ok, group_ns, ends[group], reason)  # type: ignore[arg-type]
 
 
 class Counters:
@@ -115,9 +115,9 @@ class StatsWriter:
     def add_request(
         self, model: str, version: int, ok: bool, duration_ns: int, now_ms: int, reason: str = "OTHER"
     ) -> asyncio.Future[None]:
-        """:meth:`add` of :func:`naiad.stats.add_request`'s counters, kept as a tuple: the
-        write adds those of a model version's requests of one outcome at once
-        (:func:`naiad.stats.add_requests`), not request by request."""
+        """:meth:`add` of one request's outcome, kept as a tuple: the write adds those of a
+        model version's requests of one result at once (:func:`naiad.stats.add_requests`),
+        not request by request."""
         self._requests.append((model, version, ok, reason, duration_ns, now_ms))
         return self._next_write()
 

@@ -43,8 +43,8 @@ RETIRE_S = 10.0
 
 #: An idle worker's decision to leave, atomic in Redis: it counts the model's other live
 #: workers (heartbeat deadlines from ARGV[1], Unix s, on; itself, ARGV[2], left out) and
-#: removes its own heartbeat only when they are at least ARGV[3] (the model's ``min_workers``:
-#: :func:`workers.scaling.may_leave_idle`'s rule). Returns that count, and 1 when it left.
+#: removes its own heartbeat only when they are at least ARGV[3], the model's
+#: ``min_workers`` (an idle worker never leaves fewer live). Returns 1 when it left, else 0.
 #: One script, not ZREM then ZCOUNT: a worker that stays is never off the live count (the
 #: scaler and ``naiad_model_workers`` read it any time), and of two deciding at once the
 #: second counts the first gone and stays.
@@ -54,9 +54,9 @@ local own = redis.call('ZSCORE', KEYS[1], ARGV[2])
 if own and tonumber(own) >= tonumber(ARGV[1]) then others = others - 1 end
 if others >= tonumber(ARGV[3]) then
   redis.call('ZREM', KEYS[1], ARGV[2])
-  return {others, 1}
+  return 1
 end
-return {others, 0}
+return 0
 """
 
 
@@ -166,9 +166,8 @@ class Lifecycle:
         request that raced the decision to serve (registered again), or none when
         ``min_workers`` needs it (never off the live count then)."""
         keys_, args = [keys.workers(self.model)], [time.time(), self.worker_id, policy.min_workers]
-        others, left = await self._leave_if_others(keys=keys_, args=args)
-        if not left:  # min_workers needs it: counted live all along, its heartbeat renewed
-            await self.heartbeat()
+        if not await self._leave_if_others(keys=keys_, args=args):
+            await self.heartbeat()  # min_workers needs it: counted live all along, renewed
             return []
         late = await self.queue.read(1, None)
         if not late:

@@ -189,8 +189,3 @@ def to_stop(workers: Sequence[T], count: int) -> list[T]:
     """Which of ``workers`` (oldest first) to stop: the ``count`` most recently started."""
     return list(workers[len(workers) - count:]) if count > 0 else []
 
-
-def may_leave_idle(policy: ScalingPolicy, others_live: int) -> bool:
-    """Whether an idle worker may exit, ``others_live`` other workers of its model being
-    live: not when that would leave fewer than ``min_workers``."""
-    return others_live >= policy.min_workers

@@ -17,10 +17,10 @@ async def _record(url: str) -> None:
             stats.add_execution(pipe, "m", stats.Execution(1, 3, [10, 20], _phases(5, 7, 11), 1000))
             stats.add_execution(pipe, "m", stats.Execution(1, 1, [30], _phases(1, 2, 3), 2000))
             stats.add_execution(pipe, "m", stats.Execution(2, 4, [40], _phases(1, 1, 1), 3000))
-            stats.add_request(pipe, "m", 1, True, 100, 1000)
-            stats.add_request(pipe, "m", 1, True, 200, 2000)
-            stats.add_request(pipe, "m", 1, True, 300, 2000)
-            stats.add_request(pipe, "m", 1, False, 50, 2500)
+            stats.add_requests(pipe, "m", 1, True, [100], 1000)
+            stats.add_requests(pipe, "m", 1, True, [200], 2000)
+            stats.add_requests(pipe, "m", 1, True, [300], 2000)
+            stats.add_requests(pipe, "m", 1, False, [50], 2500)
             await pipe.execute()
     finally:
         await redis.aclose()
@@ -109,8 +109,8 @@ def _adds(model: str) -> list:
             stats.Execution(1, 1, [30], _phases(1, 2, 3), 2000)]
     return [
         *(lambda p, run=run: stats.add_execution(p, model, run) for run in runs),
-        *(lambda p, ns=ns: stats.add_request(p, model, 1, True, ns, 1000) for ns in (100, 200, 300)),
-        lambda p: stats.add_request(p, model, 1, False, 50, 2500, "BACKEND"),
+        *(lambda p, ns=ns: stats.add_requests(p, model, 1, True, [ns], 1000) for ns in (100, 200, 300)),
+        lambda p: stats.add_requests(p, model, 1, False, [50], 2500, "BACKEND"),
     ]
 
 
@@ -251,7 +251,8 @@ def test_queue_count_includes_cache_hits(redis_url):
 def test_a_writers_outcomes_add_up_as_each_request_recorded_alone(redis_url):
     """StatsWriter.add_request groups a write's outcomes by model version, result and
     reason (stats.add_requests): the hash it leaves equals what each request's own
-    stats.add_request leaves (counts, ns, duration buckets, last inference of failures)."""
+    stats.add_requests of that request alone leaves (counts, ns, duration buckets, last inference
+    of failures)."""
     from naiad.stats_writer import StatsWriter  # noqa: PLC0415
 
     outcomes = [  # model, version, ok, duration ns, end ms, reason
@@ -270,7 +271,7 @@ def test_a_writers_outcomes_add_up_as_each_request_recorded_alone(redis_url):
         await writer.flush()
         async with redis.pipeline(transaction=False) as pipe:
             for _, version, ok, ns, end, reason in outcomes:
-                stats.add_request(pipe, "alone", version, ok, ns, end, reason)
+                stats.add_requests(pipe, "alone", version, ok, [ns], end, reason)
             await pipe.execute()
         grouped, alone = await redis.hgetall(keys.stats("w")), await redis.hgetall(keys.stats("alone"))
         await redis.aclose()

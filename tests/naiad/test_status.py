@@ -49,7 +49,7 @@ async def _arrange_and_read(redis_url: str) -> dict:
             telemetry.add_cold_start(pipe, "busy", 0.5)
             telemetry.add_cold_start(pipe, "busy", 1.5)
             for _ in range(4):  # four successes of 10 ms each
-                stats.add_request(pipe, "busy", 3, True, 10_000_000, int(now * 1000))
+                stats.add_requests(pipe, "busy", 3, True, [10_000_000], int(now * 1000))
             pipe.hincrby(keys.stats("busy"), "3:cache_hit_count", 1)
             pipe.hincrby(keys.stats("busy"), "3:cache_miss_count", 3)
             await pipe.execute()

@@ -120,9 +120,3 @@ def test_to_stop_picks_the_most_recently_started():
     assert scaling.to_stop(["a"], 0) == []
     assert scaling.to_stop([], 1) == []
 
-
-def test_an_idle_worker_leaves_only_above_the_minimum():
-    keep_one = ScalingPolicy(min_workers=1)
-    assert not scaling.may_leave_idle(keep_one, others_live=0)
-    assert scaling.may_leave_idle(keep_one, others_live=1)
-    assert scaling.may_leave_idle(ScalingPolicy(), others_live=0)
