@@ -45,6 +45,7 @@ from gateway.siblings import (
     watch_siblings,
 )
 from naiad import procs, tasks
+from naiad.busy_poll import BusyPoll
 from naiad.queue_client import READER_BLOCK_S, QueueDispatcher
 from naiad.redis_client import connect
 from naiad.reply_channel import ReplyServer
@@ -195,6 +196,8 @@ async def run_gateway(settings: Settings, redis_url: str, stop: asyncio.Event) -
         dispatcher.stats_sink = dataplane.stats_writer.add  # a batch's statistics sent with its replies
         if dispatcher.direct is not None:  # a request alone in this gateway is handed at once
             dispatcher.direct.lone = dataplane.alone
+            if settings.busy_poll_us:  # and its answer polled for (naiad.busy_poll)
+                dispatcher.busy_poll = BusyPoll(settings.busy_poll_us / 1e6, dataplane.alone)
         liveness = RedisLiveness(redis, settings.redis_down_grace_s)
         dataplane.liveness = liveness.live
         await stack.enter_async_context(_background(liveness.run()))

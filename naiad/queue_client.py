@@ -55,6 +55,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError, RedisError
 
 from naiad import group_commit, keys, logs, stats, tasks, tracing
+from naiad.busy_poll import BusyPoll
 from naiad.codec import DATA, HEADER, Reply, decode_replies, encode_request
 from naiad.deadlines import Deadlines
 from naiad.errors import DeadlineExceeded, InvalidInput, Overloaded, QueueTimeout, Unavailable
@@ -172,6 +173,8 @@ class QueueDispatcher:
         self.direct: ReplyServer | None = None
         #: Seconds after which an unanswered handed request's worker is checked (heartbeat period).
         self.liveness_s = 2.0
+        #: Polls for the answer to this gateway's only request, handed off (naiad.busy_poll), when set.
+        self.busy_poll: BusyPoll | None = None
         #: Model -> this client's requests of it in the stream (enqueued or being enqueued,
         #: unanswered): none may be handed off meanwhile (_streams).
         self._in_stream: dict[str, int] = {}
@@ -256,7 +259,7 @@ class QueueDispatcher:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Reply] = loop.create_future()
         self._pending[queue_id] = future
-        now = loop.time()
+        now, poll, polled = loop.time(), self.busy_poll, False
         try:
             with tracing.span("naiad.enqueue", kind="producer"):
                 fields = self._fields(queue_id, request, timeout_s)
@@ -266,6 +269,9 @@ class QueueDispatcher:
             self._deadlines.add(now + timeout_s, future, _expire)
             check = (self._check_worker, link, queue_id, request.model)
             self._deadlines.add(now + self.liveness_s, future, *check)
+            if poll is not None and poll.alone():  # this gateway's only request: awake for it
+                polled = True
+                poll.begin(loop, future, request.model)
             return await future
         except _Orphaned:
             return None
@@ -276,6 +282,8 @@ class QueueDispatcher:
             link.withdraw(queue_id)
             raise
         finally:
+            if polled:
+                poll.end(request.model, loop.time() - now)  # type: ignore[union-attr]
             if not future.done():
                 future.cancel()  # its deadline and check are dropped (naiad.deadlines)
             self._pending.pop(queue_id, None)

@@ -14,12 +14,14 @@ import threading
 import time
 
 import numpy as np
+import psutil
+import pytest
 import redis
 import requests
 import tritonclient.http as httpclient
 from naiad_harness import ROOT, wait_for
 
-from naiad import keys
+from naiad import keys, sched_policy
 
 STREAM = keys.request_stream("digits")
 #: What a worker logs when it drops a request its gateway withdrew (workers.worker).
@@ -268,3 +270,91 @@ def test_a_killed_workers_heartbeat_is_removed_so_its_replacement_starts_at_once
     np.testing.assert_array_equal(caller.answer(60).as_numpy("label"), labels(digits_onnx, x))
     assert time.time() < lapses_at  # answered while the dead worker's heartbeat still stood
     assert member not in r.zrange(keys.workers("digits"), 0, -1)
+
+
+SLEEPER_CONFIG = """name: "sleeper"
+backend: "python"
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]
+instance_group [ { kind: KIND_CPU } ]
+"""
+SLEEPER_MODEL = '''import json, time
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            time.sleep(json.loads(request.parameters()).get("sleep_ms", 0) / 1000)
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x + 1)]))
+        return out
+'''
+
+
+def with_sleeper(example_repository, tmp_path):
+    """The example repository plus ``sleeper``: a Python model that answers ``X + 1`` after
+    sleeping the request's ``sleep_ms`` parameter."""
+    repository = tmp_path / "with-sleeper"
+    shutil.copytree(example_repository, repository)
+    (repository / "sleeper" / "1").mkdir(parents=True)
+    (repository / "sleeper" / "config.pbtxt").write_text(SLEEPER_CONFIG)
+    (repository / "sleeper" / "1" / "model.py").write_text(SLEEPER_MODEL)
+    return repository
+
+
+def sleep_for(client, ms: float, value: float = 1.0) -> float:
+    x = httpclient.InferInput("X", [1], "FP32")
+    x.set_data_from_numpy(np.array([value], np.float32))
+    return float(client.infer("sleeper", [x], parameters={"sleep_ms": ms}).as_numpy("Y")[0])
+
+
+def policies_while(action, pid: int) -> set[int]:
+    """The scheduling policies the thread ``pid`` was seen under while ``action()`` ran."""
+    seen, done = set(), threading.Event()
+
+    def watch():
+        while not done.is_set():
+            seen.add(os.sched_getscheduler(pid))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        action()
+    finally:
+        done.set()
+        watcher.join()
+    return seen
+
+
+@pytest.mark.skipif(not sched_policy.can_restore(), reason="needs the right to leave SCHED_IDLE")
+def test_the_gateway_polls_for_its_only_requests_answer_at_sched_idle_within_its_budget(
+    naiad_server, example_repository, tmp_path
+):
+    """naiad.busy_poll end to end: a gateway carrying one request handed to an idle worker
+    waits for the answer at SCHED_IDLE (seen while an 80 ms answer is awaited under a 100 ms
+    budget) and is back at SCHED_OTHER once answered; under the default budget (0.5 ms) a
+    model that takes 40 ms a request is slept for: ten such requests cost the gateway far
+    less CPU than the 400 ms that polling through them would."""
+    repository = with_sleeper(example_repository, tmp_path)
+    server = naiad_server(repository=repository, idle_timeout_s=30, extra_args=["--busy-poll-us", "100000"])
+    client = httpclient.InferenceServerClient(server.url, network_timeout=60)
+    gateway = server.process.pid
+    assert sleep_for(client, 0) == 2.0  # the worker started, then idle: its offer comes
+    assert sleep_for(client, 0, 2.0) == 3.0
+    seen = policies_while(lambda: sleep_for(client, 80), gateway)
+    assert os.sched_getscheduler(gateway) == os.SCHED_OTHER
+    assert os.SCHED_IDLE in seen
+
+    default = naiad_server(repository=repository, idle_timeout_s=30)
+    client = httpclient.InferenceServerClient(default.url, network_timeout=60)
+    for _ in range(3):
+        sleep_for(client, 40)  # the worker up, its offer taken, the model judged slow
+    process = psutil.Process(default.process.pid)
+    before = sum(process.cpu_times()[:2])
+    seen = policies_while(lambda: [sleep_for(client, 40, float(i)) for i in range(10)], default.process.pid)
+    used = sum(process.cpu_times()[:2]) - before
+    assert used < 0.15, f"the gateway used {used:.3f} s of CPU for 10 requests of 40 ms"
+    assert seen == {os.SCHED_OTHER}
