@@ -23,6 +23,7 @@ from redis.exceptions import RedisError
 
 from gateway.classification import classify
 from gateway.ensemble import EnsembleScheduler
+from gateway.inflight import SharedInflight
 from gateway.registry import ModelRegistry
 from gateway.response_cache import CacheTrace, ResponseCache
 from gateway.rollouts import Rollouts
@@ -109,10 +110,16 @@ class _Admission:
         self._dataplane = dataplane
 
     def __enter__(self) -> None:
-        self._dataplane._inflight += 1
+        dataplane = self._dataplane
+        dataplane._inflight += 1
+        if dataplane.shared_inflight is not None:
+            dataplane.shared_inflight.set(dataplane._inflight)
 
     def __exit__(self, *exc: object) -> None:
-        self._dataplane._inflight -= 1
+        dataplane = self._dataplane
+        dataplane._inflight -= 1
+        if dataplane.shared_inflight is not None:
+            dataplane.shared_inflight.set(dataplane._inflight)
 
 
 class DataPlane:
@@ -148,6 +155,8 @@ class DataPlane:
         self.shared_memory = shared_memory or SystemSharedMemory(MAX_SHM_READ_BYTES)
         #: The other gateway processes on this server's ports (None: this one alone).
         self.siblings: Siblings | None = None
+        #: The requests in flight in each of them (gateway.inflight; None: this one alone).
+        self.shared_inflight: SharedInflight | None = None
         self.siblings_starting = False  # not ready until they serve too
 
     def sibling_handlers(self) -> dict[str, Callable[..., Awaitable[None]]]:
@@ -214,6 +223,15 @@ class DataPlane:
         request handed to a worker now has no other to wait for (as Nagle's algorithm sends at
         once when nothing is unacknowledged, RFC 896; :meth:`naiad.reply_channel.WorkerLink._send`)."""
         return self._inflight <= 1
+
+    def alone_in_server(self) -> bool:
+        """True while the whole server (every gateway process of it: :mod:`gateway.inflight`)
+        carries one inference request at most; False with siblings whose counts it cannot read."""
+        if self._inflight > 1:
+            return False
+        if self.shared_inflight is not None:
+            return self.shared_inflight.total() <= 1
+        return self.siblings is None
 
     async def close(self) -> None:
         """After the endpoints closed: cancel the shadow copies still waiting (their answers

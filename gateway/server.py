@@ -27,6 +27,7 @@ from gateway.grpc_server import grpc_server
 from gateway.http import RUNNER_OPTIONS, create_app
 from gateway.http_fast import fast_front
 from gateway.http_limits import HttpLimits, LimitedAppRunner
+from gateway.inflight import SharedInflight
 from gateway.limits import ByteBudget
 from gateway.liveness import RedisLiveness
 from gateway.load_probe import LoadProbe
@@ -197,7 +198,7 @@ async def run_gateway(settings: Settings, redis_url: str, stop: asyncio.Event) -
         if dispatcher.direct is not None:  # a request alone in this gateway is handed at once
             dispatcher.direct.lone = dataplane.alone
             if settings.busy_poll_us:  # and its answer polled for (naiad.busy_poll)
-                dispatcher.busy_poll = BusyPoll(settings.busy_poll_us / 1e6, dataplane.alone)
+                dispatcher.busy_poll = BusyPoll(settings.busy_poll_us / 1e6, dataplane.alone_in_server)
         liveness = RedisLiveness(redis, settings.redis_down_grace_s)
         dataplane.liveness = liveness.live
         await stack.enter_async_context(_background(liveness.run()))
@@ -236,11 +237,18 @@ async def _siblings(settings: Settings, dataplane: DataPlane) -> AsyncIterator[N
     siblings = Siblings(folder, dataplane.sibling_handlers())
     await siblings.start()
     dataplane.siblings = siblings
+    try:
+        dataplane.shared_inflight = SharedInflight(folder)  # before the siblings start: the first makes it
+    except OSError as exc:  # only busy polling needs it (naiad.busy_poll): it stays off then
+        logger.warning("no shared count of the gateway processes' requests (%s): no busy polling", exc)
     dataplane.siblings_starting = not settings.gateway_sibling_of  # until _sibling_processes saw them serve
     try:
         yield
     finally:
         dataplane.siblings = None
+        if dataplane.shared_inflight is not None:
+            dataplane.shared_inflight, shared = None, dataplane.shared_inflight
+            shared.close()
         await siblings.close()
         if not settings.gateway_sibling_of:  # the first process made the folder
             shutil.rmtree(folder, ignore_errors=True)

@@ -24,7 +24,11 @@ Two rules bound what it costs:
   waits are still timed), so a slow model's requests do not pay a budget each for nothing.
 
 The thread goes back to ``SCHED_OTHER`` as soon as the answer is in, the budget is spent,
-or the gateway carries a second request (whose work must not run at the idle policy).
+or the server carries a second request (whose work must not run at the idle policy). The
+``alone`` test given is the whole server's, every gateway process counted
+(:meth:`gateway.dataplane.DataPlane.alone_in_server`, :mod:`gateway.inflight`): with two
+processes each carrying one request, each polled, and two clients one request at a time ran
+at 0.82× the throughput (docs/benchmarks.md, "Stop 42").
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ class BusyPoll:
 
     def __init__(self, budget_s: float, alone: Callable[[], bool]) -> None:
         """``budget_s``: the longest wait polled (seconds; 0: never poll); ``alone()``: True
-        while the gateway carries one request at most."""
+        while the server carries one request at most."""
         self.budget_s = budget_s if budget_s > 0 and can_restore() else 0.0
         self.alone = alone
         self._slow: set[str] = set()  # models whose last lone answer took over the budget
