@@ -268,7 +268,7 @@ class Settings(BaseSettings):
     """With ``direct_requests``: a gateway carrying one request, handed to an idle worker,
     polls for its answer for up to this many µs instead of sleeping, at ``SCHED_IDLE`` (CPU
     no other thread wants; :mod:`naiad.busy_poll`: needs root, ``CAP_SYS_NICE`` or
-    ``RLIMIT_NICE``, else off), and not for a model whose last such answer took longer
+    ``RLIMIT_NICE``, else off), and not for a model whose answers take over twice as long
     (``--busy-poll-us``, ``NAIAD_BUSY_POLL_US``); 0: never. The default covers a small
     model's answer on the same machine (the benchmark's ``digits`` MLP: ~0.2 ms at c1)."""
 

@@ -87,6 +87,8 @@ def test_the_loop_serves_other_sockets_while_it_polls(loop_kind):
 
 
 def test_a_wait_polls_at_most_its_budget_and_a_slow_model_is_then_slept_for():
+    """Budget 2 ms: a 50 ms answer makes its model slept for; one of 3 ms (between the
+    budget and twice it) leaves a model as it was; one within the budget makes it polled."""
     async def main():
         loop = asyncio.get_running_loop()
         poll = BusyPoll(0.002, lambda: True)
@@ -104,19 +106,26 @@ def test_a_wait_polls_at_most_its_budget_and_a_slow_model_is_then_slept_for():
         poll.begin(loop, other, "fast")  # another model is polled
         fast = await policy_soon()
         other.set_result(None)
+        poll.end("fast", 0.003)  # just over the budget: a model polled stays polled
+        poll.begin(loop, loop.create_future(), "fast")
+        still = await policy_soon()
         poll.end("fast", 0.001)
+        poll.end("slow", 0.003)  # and one slept through stays slept through
+        poll.begin(loop, loop.create_future(), "slow")
+        still_slow = await policy_soon()
         poll.end("slow", 0.001)  # a slow model's answer came within the budget again
         third = loop.create_future()
         poll.begin(loop, third, "slow")
         back = await policy_soon()
         third.set_result(None)
         poll.end("slow", 0.001)
-        return spent, slept, fast, back, policy()
+        return spent, slept, fast, still, still_slow, back, policy()
 
-    spent, slept, fast, back, ended = asyncio.run(main())
+    spent, slept, fast, still, still_slow, back, ended = asyncio.run(main())
     assert spent == os.SCHED_OTHER
     assert slept == os.SCHED_OTHER
-    assert fast == os.SCHED_IDLE
+    assert fast == still == os.SCHED_IDLE
+    assert still_slow == os.SCHED_OTHER
     assert back == os.SCHED_IDLE
     assert ended == os.SCHED_OTHER
 
