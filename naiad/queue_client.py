@@ -259,7 +259,7 @@ class QueueDispatcher:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Reply] = loop.create_future()
         self._pending[queue_id] = future
-        now, poll, polled = loop.time(), self.busy_poll, False
+        now, poll, polled = loop.time(), self.busy_poll, 0.0  # polled: the wait's start (naiad.busy_poll)
         try:
             with tracing.span("naiad.enqueue", kind="producer"):
                 fields = self._fields(queue_id, request, timeout_s)
@@ -269,9 +269,8 @@ class QueueDispatcher:
             self._deadlines.add(now + timeout_s, future, _expire)
             check = (self._check_worker, link, queue_id, request.model)
             self._deadlines.add(now + self.liveness_s, future, *check)
-            if poll is not None and poll.alone():  # this gateway's only request: awake for it
-                polled = True
-                poll.begin(loop, future, request.model)
+            if poll is not None and poll.alone():  # the server's only request: awake for it
+                polled = poll.begin(loop, future, request.model)
             return await future
         except _Orphaned:
             return None
@@ -283,7 +282,7 @@ class QueueDispatcher:
             raise
         finally:
             if polled:
-                poll.end(request.model, loop.time() - now)  # type: ignore[union-attr]
+                poll.end(request.model, polled)  # type: ignore[union-attr]
             if not future.done():
                 future.cancel()  # its deadline and check are dropped (naiad.deadlines)
             self._pending.pop(queue_id, None)

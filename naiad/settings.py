@@ -265,12 +265,12 @@ class Settings(BaseSettings):
     hand-off"; ``NAIAD_DIRECT_REQUESTS``); false: every request through Redis."""
 
     busy_poll_us: int = Field(default=500, ge=0, le=100_000)
-    """With ``direct_requests``: a gateway carrying one request, handed to an idle worker,
-    polls for its answer for up to this many µs instead of sleeping, at ``SCHED_IDLE`` (CPU
-    no other thread wants; :mod:`naiad.busy_poll`: needs root, ``CAP_SYS_NICE`` or
-    ``RLIMIT_NICE``, else off), and not for a model whose answers take over twice as long
-    (``--busy-poll-us``, ``NAIAD_BUSY_POLL_US``); 0: never. The default covers a small
-    model's answer on the same machine (the benchmark's ``digits`` MLP: ~0.2 ms at c1)."""
+    """With ``direct_requests``: while the server carries one request, handed to an idle
+    worker, its gateway polls for the answer for up to this many µs instead of sleeping
+    (:mod:`naiad.busy_poll`: it stops when another thread takes its CPU, and does not poll
+    for a model whose answers take over twice as long; ``--busy-poll-us``,
+    ``NAIAD_BUSY_POLL_US``); 0: never. The default covers a small model's answer on the same
+    machine (the benchmark's ``digits`` MLP: ~0.2 ms at c1)."""
 
     http_max_connections: int = Field(default=1024, ge=1)
     """Most HTTP connections open at once per port (``--http-max-connections``); one more is

@@ -107,8 +107,8 @@ GATEWAY_FLAGS = {
     "--grpc-front": ("grpc_front", "naiad|grpcio", "naiad (the gateway's own HTTP/2) or grpcio (grpc.aio)"),
     "--http-fast-infer": ("http_fast_infer", _bool, "true or false: plain inference requests skip "
                           "aiohttp's request machinery"),
-    "--busy-poll-us": ("busy_poll_us", int, "µs a gateway polls, at SCHED_IDLE, for the answer to its "
-                       "only request before it sleeps (0: never)"),
+    "--busy-poll-us": ("busy_poll_us", int, "µs a gateway polls for the answer to the server's only "
+                       "request before it sleeps (0: never)"),
     "--http-max-connections": ("http_max_connections", int, "most open HTTP connections per port; more: 503"),
     "--model-control-mode": ("model_control_mode", "none|poll|explicit", "none, poll or explicit"),
     "--repository-poll-secs": ("repository_poll_secs", float, "poll mode: seconds between re-indexings"),

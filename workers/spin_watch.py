@@ -49,8 +49,6 @@ import threading
 import time
 from typing import NamedTuple
 
-from naiad.sched_policy import can_restore, set_policy
-
 logger = logging.getLogger(__name__)
 
 #: Seconds between two judgments (each costs a listing of ``/proc/self/task``, then per native
@@ -118,6 +116,32 @@ def native_threads() -> list[int]:
     except OSError:
         return []
     return [tid for tid in tids if tid not in python]
+
+
+def set_policy(tid: int, policy: int) -> bool:
+    """Put thread ``tid`` under ``policy`` (``os.SCHED_IDLE`` or ``os.SCHED_OTHER``, nice 0);
+    False when it is gone or may not be moved."""
+    try:
+        os.sched_setscheduler(tid, policy, os.sched_param(0))
+    except OSError:
+        return False
+    return True
+
+
+def can_restore() -> bool:
+    """Whether this process may move a thread back from ``SCHED_IDLE`` to ``SCHED_OTHER``
+    (root, ``CAP_SYS_NICE``, or an ``RLIMIT_NICE`` that allows nice 0: ``sched(7)``), tried on
+    a thread started for it."""
+    result: list[bool] = []
+
+    def probe() -> None:
+        me = threading.get_native_id()
+        result.append(set_policy(me, os.SCHED_IDLE) and set_policy(me, os.SCHED_OTHER))
+
+    thread = threading.Thread(target=probe, name="naiad-sched-probe")
+    thread.start()
+    thread.join()
+    return bool(result and result[0])
 
 
 class SpinWatch:

@@ -15,13 +15,12 @@ import time
 
 import numpy as np
 import psutil
-import pytest
 import redis
 import requests
 import tritonclient.http as httpclient
 from naiad_harness import ROOT, wait_for
 
-from naiad import keys, sched_policy
+from naiad import keys
 
 STREAM = keys.request_stream("digits")
 #: What a worker logs when it drops a request its gateway withdrew (workers.worker).
@@ -311,50 +310,34 @@ def sleep_for(client, ms: float, value: float = 1.0) -> float:
     return float(client.infer("sleeper", [x], parameters={"sleep_ms": ms}).as_numpy("Y")[0])
 
 
-def policies_while(action, pid: int) -> set[int]:
-    """The scheduling policies the thread ``pid`` was seen under while ``action()`` ran."""
-    seen, done = set(), threading.Event()
-
-    def watch():
-        while not done.is_set():
-            seen.add(os.sched_getscheduler(pid))
-
-    watcher = threading.Thread(target=watch)
-    watcher.start()
-    try:
-        action()
-    finally:
-        done.set()
-        watcher.join()
-    return seen
+def gateway_cpu_s(server, action) -> float:
+    """CPU seconds the server's gateway process (``naiad serve``) used while ``action()`` ran."""
+    process = psutil.Process(server.process.pid)
+    before = sum(process.cpu_times()[:2])
+    action()
+    return sum(process.cpu_times()[:2]) - before
 
 
-@pytest.mark.skipif(not sched_policy.can_restore(), reason="needs the right to leave SCHED_IDLE")
-def test_the_gateway_polls_for_its_only_requests_answer_at_sched_idle_within_its_budget(
+def test_the_gateway_polls_for_the_servers_only_answer_within_its_budget(
     naiad_server, example_repository, tmp_path
 ):
-    """naiad.busy_poll end to end: a gateway carrying one request handed to an idle worker
-    waits for the answer at SCHED_IDLE (seen while an 80 ms answer is awaited under a 100 ms
-    budget) and is back at SCHED_OTHER once answered; under the default budget (0.5 ms) a
-    model that takes 40 ms a request is slept for: ten such requests cost the gateway far
-    less CPU than the 400 ms that polling through them would."""
+    """naiad.busy_poll end to end: a gateway whose server carries one request, handed to an
+    idle worker, waits for the answer awake (an 80 ms answer under a 100 ms budget costs the
+    gateway tens of ms of CPU, unless another thread took its CPU); under the default budget
+    (0.5 ms) a model that takes 40 ms a request is slept for: ten such requests cost the
+    gateway far less CPU than the 400 ms that polling through them would."""
     repository = with_sleeper(example_repository, tmp_path)
     server = naiad_server(repository=repository, idle_timeout_s=30, extra_args=["--busy-poll-us", "100000"])
     client = httpclient.InferenceServerClient(server.url, network_timeout=60)
-    gateway = server.process.pid
     assert sleep_for(client, 0) == 2.0  # the worker started, then idle: its offer comes
     assert sleep_for(client, 0, 2.0) == 3.0
-    seen = policies_while(lambda: sleep_for(client, 80), gateway)
-    assert os.sched_getscheduler(gateway) == os.SCHED_OTHER
-    assert os.SCHED_IDLE in seen
+    # best of five: a poll stops when another thread takes the gateway's CPU (a busy machine)
+    polled = max(gateway_cpu_s(server, lambda: sleep_for(client, 80)) for _ in range(5))
+    assert polled > 0.02, f"the gateway used at most {polled:.3f} s of CPU awaiting an 80 ms answer"
 
     default = naiad_server(repository=repository, idle_timeout_s=30)
     client = httpclient.InferenceServerClient(default.url, network_timeout=60)
     for _ in range(3):
         sleep_for(client, 40)  # the worker up, its offer taken, the model judged slow
-    process = psutil.Process(default.process.pid)
-    before = sum(process.cpu_times()[:2])
-    seen = policies_while(lambda: [sleep_for(client, 40, float(i)) for i in range(10)], default.process.pid)
-    used = sum(process.cpu_times()[:2]) - before
+    used = gateway_cpu_s(default, lambda: [sleep_for(client, 40, float(i)) for i in range(10)])
     assert used < 0.15, f"the gateway used {used:.3f} s of CPU for 10 requests of 40 ms"
-    assert seen == {os.SCHED_OTHER}
