@@ -341,3 +341,41 @@ def test_the_gateway_polls_for_the_servers_only_answer_within_its_budget(
         sleep_for(client, 40)  # the worker up, its offer taken, the model judged slow
     used = gateway_cpu_s(default, lambda: [sleep_for(client, 40, float(i)) for i in range(10)])
     assert used < 0.15, f"the gateway used {used:.3f} s of CPU for 10 requests of 40 ms"
+
+
+def gateways_cpu_s(server, action) -> float:
+    """CPU seconds all the server's gateway processes (``naiad serve`` and its sibling
+    ``naiad_cli gateway`` processes) used while ``action()`` ran."""
+    processes = [psutil.Process(server.process.pid)]
+    processes += [p for p in server.children() if "naiad_cli gateway" in " ".join(p.cmdline())]
+    assert len(processes) == 2, processes
+    before = sum(sum(p.cpu_times()[:2]) for p in processes)
+    action()
+    return sum(sum(p.cpu_times()[:2]) for p in processes) - before
+
+
+def test_two_gateway_processes_poll_only_while_the_server_carries_one_request(
+    naiad_server, example_repository, tmp_path
+):
+    """With two gateway processes (gateway.inflight): one request at a time is polled for,
+    whichever process has it; two at once are not, even when each process carries one
+    (each connection's process is the kernel's pick: ten pairs of fresh connections make
+    pairs on different processes near certain; polled, each would cost ~80 ms of CPU)."""
+    repository = with_sleeper(example_repository, tmp_path)
+    server = naiad_server(repository=repository, idle_timeout_s=30,
+                          extra_args=["--busy-poll-us", "100000", "--gateway-processes", "2"])  # fmt: skip
+    client = httpclient.InferenceServerClient(server.url, network_timeout=60)
+    assert sleep_for(client, 0) == 2.0 and sleep_for(client, 0, 2.0) == 3.0
+    alone = max(gateways_cpu_s(server, lambda: sleep_for(client, 80)) for _ in range(5))
+    assert alone > 0.02, f"the gateways used at most {alone:.3f} s of CPU awaiting an 80 ms answer"
+
+    def pair() -> None:
+        clients = [httpclient.InferenceServerClient(server.url, network_timeout=60) for _ in range(2)]
+        threads = [threading.Thread(target=sleep_for, args=(c, 80)) for c in clients]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    together = gateways_cpu_s(server, lambda: [pair() for _ in range(10)])
+    assert together < 0.08, f"the gateways used {together:.3f} s of CPU for ten pairs of 80 ms answers"
