@@ -27,9 +27,9 @@ Four rules bound what it costs:
   answer's read in the c1 timelines: 0.35 ms polled, 0.47 ms asleep in a slower minute of
   the VM), so one rule at the budget could turn polling off for good;
 - a poll that finds its thread was kept off the CPU between two turns (its CPU time short
-  of half the wall time, over :data:`PREEMPTED_S` or more) stops: another thread wants
-  that CPU, and a sleeping gateway, woken by its answer, gets it back sooner than a polling
-  one waits for its next slice.
+  of half the wall time, over :data:`PREEMPTED_S` or more: a budget over it set by hand)
+  stops: another thread wants that CPU, and a sleeping gateway, woken by its answer, gets
+  it back sooner than a polling one waits for its next slice.
 
 The thread keeps the normal policy. (Polling at ``SCHED_IDLE`` measured the same at c1
 and 0.95–0.98× at c2, but every thread and process started from the loop while it polled —
@@ -46,8 +46,10 @@ from collections.abc import Callable
 from typing import Any
 
 #: A gap between two turns of a poll (seconds) long enough to judge the thread's share of it:
-#: a turn takes a few µs, a scheduler's time slice milliseconds.
-PREEMPTED_S = 50e-6
+#: a turn takes a few µs, a scheduler's time slice with another thread on the CPU 0.75–3 ms
+#: (CFS), while a virtual CPU the host holds back for tens of µs is no such thread (50 µs
+#: here stopped most polls of an 80 ms wait on the benchmark VM with nothing else running).
+PREEMPTED_S = 1e-3
 
 
 class BusyPoll:
