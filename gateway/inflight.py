@@ -31,6 +31,7 @@ class SharedInflight:
     def __init__(self, folder: pathlib.Path) -> None:
         """Map ``folder``'s count file (made, zeroed, by the first process to open it) and
         claim a free slot; raises ``OSError`` when none is free or the folder is unusable."""
+        self.slot = _claim(folder)  # first: a failed claim leaves nothing mapped
         fd = os.open(folder / FILE, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             if os.fstat(fd).st_size < SLOTS * 8:
@@ -39,7 +40,6 @@ class SharedInflight:
         finally:
             os.close(fd)
         self._counts = memoryview(self._map).cast("q")
-        self.slot = _claim(folder)
         self._counts[self.slot] = 0
 
     def set(self, count: int) -> None:
