@@ -281,8 +281,8 @@ class QueueDispatcher:
             link.withdraw(queue_id)
             raise
         finally:
-            if polled:
-                poll.end(request.model, polled)  # type: ignore[union-attr]
+            if poll is not None and polled:
+                poll.end(request.model, polled)
             if not future.done():
                 future.cancel()  # its deadline and check are dropped (naiad.deadlines)
             self._pending.pop(queue_id, None)

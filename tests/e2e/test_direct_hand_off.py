@@ -310,12 +310,18 @@ def sleep_for(client, ms: float, value: float = 1.0) -> float:
     return float(client.infer("sleeper", [x], parameters={"sleep_ms": ms}).as_numpy("Y")[0])
 
 
-def gateway_cpu_s(server, action) -> float:
-    """CPU seconds the server's gateway process (``naiad serve``) used while ``action()`` ran."""
-    process = psutil.Process(server.process.pid)
-    before = sum(process.cpu_times()[:2])
+def gateway_processes(server) -> list[psutil.Process]:
+    """The server's gateway processes: ``naiad serve`` and its siblings (``naiad_cli gateway``)."""
+    siblings = [p for p in server.children() if "naiad_cli gateway" in " ".join(p.cmdline())]
+    return [psutil.Process(server.process.pid), *siblings]
+
+
+def gateways_cpu_s(server, action) -> float:
+    """CPU seconds all the server's gateway processes used while ``action()`` ran."""
+    processes = gateway_processes(server)
+    before = sum(sum(p.cpu_times()[:2]) for p in processes)
     action()
-    return sum(process.cpu_times()[:2]) - before
+    return sum(sum(p.cpu_times()[:2]) for p in processes) - before
 
 
 def test_the_gateway_polls_for_the_servers_only_answer_within_its_budget(
@@ -332,26 +338,15 @@ def test_the_gateway_polls_for_the_servers_only_answer_within_its_budget(
     assert sleep_for(client, 0) == 2.0  # the worker started, then idle: its offer comes
     assert sleep_for(client, 0, 2.0) == 3.0
     # best of five: a poll stops when another thread takes the gateway's CPU (a busy machine)
-    polled = max(gateway_cpu_s(server, lambda: sleep_for(client, 80)) for _ in range(5))
+    polled = max(gateways_cpu_s(server, lambda: sleep_for(client, 80)) for _ in range(5))
     assert polled > 0.02, f"the gateway used at most {polled:.3f} s of CPU awaiting an 80 ms answer"
 
     default = naiad_server(repository=repository, idle_timeout_s=30)
     client = httpclient.InferenceServerClient(default.url, network_timeout=60)
     for _ in range(3):
         sleep_for(client, 40)  # the worker up, its offer taken, the model judged slow
-    used = gateway_cpu_s(default, lambda: [sleep_for(client, 40, float(i)) for i in range(10)])
+    used = gateways_cpu_s(default, lambda: [sleep_for(client, 40, float(i)) for i in range(10)])
     assert used < 0.15, f"the gateway used {used:.3f} s of CPU for 10 requests of 40 ms"
-
-
-def gateways_cpu_s(server, action) -> float:
-    """CPU seconds all the server's gateway processes (``naiad serve`` and its sibling
-    ``naiad_cli gateway`` processes) used while ``action()`` ran."""
-    processes = [psutil.Process(server.process.pid)]
-    processes += [p for p in server.children() if "naiad_cli gateway" in " ".join(p.cmdline())]
-    assert len(processes) == 2, processes
-    before = sum(sum(p.cpu_times()[:2]) for p in processes)
-    action()
-    return sum(sum(p.cpu_times()[:2]) for p in processes) - before
 
 
 def test_two_gateway_processes_poll_only_while_the_server_carries_one_request(
@@ -364,6 +359,7 @@ def test_two_gateway_processes_poll_only_while_the_server_carries_one_request(
     repository = with_sleeper(example_repository, tmp_path)
     server = naiad_server(repository=repository, idle_timeout_s=30,
                           extra_args=["--busy-poll-us", "100000", "--gateway-processes", "2"])  # fmt: skip
+    assert len(gateway_processes(server)) == 2
     client = httpclient.InferenceServerClient(server.url, network_timeout=60)
     assert sleep_for(client, 0) == 2.0 and sleep_for(client, 0, 2.0) == 3.0
     alone = max(gateways_cpu_s(server, lambda: sleep_for(client, 80)) for _ in range(5))
