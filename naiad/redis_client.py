@@ -10,16 +10,25 @@ Python, about 1 µs an argument (68 µs for a worker's reply pipeline of a batch
 arguments; 29 µs with hiredis; docs/benchmarks.md). The bytes sent are the same. A command
 whose write cannot wait is sent without redis-py's ``asyncio.wait_for`` around it
 (:meth:`HiredisPacking.send_packed_command`).
+
+A worker's clients (``connect(..., tolerate_stalls=True)``) read replies under a socket
+timeout that does not count the time their event loop was stalled running a model
+(:class:`StallTolerantReads`, :mod:`naiad.loop_stall`).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import hiredis
+import redis
 import redis.asyncio as aioredis
 from redis.commands import CoreCommands
 from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeout
+
+from naiad import loop_stall
 
 COMMAND_TIMEOUT_S = 2.0
 CONNECT_TIMEOUT_S = 1.0
@@ -91,19 +100,43 @@ class HiredisPacking:
             raise
 
 
-_PACKING: dict[type, type] = {}
+class StallTolerantReads:
+    """Mixed into a redis-py asyncio connection class: a reply read under the socket timeout
+    is read under :class:`naiad.loop_stall.Timeout` instead, which does not count the time
+    the event loop was stalled (a model's call on a worker's loop): the reply of a command
+    sent before the stall is read once the loop is free, not dropped as late. A timeout
+    raises redis-py's :class:`redis.exceptions.TimeoutError` and drops the connection (with
+    ``disconnect_on_error``), as redis-py's own; an explicit ``timeout`` is redis-py's."""
+
+    async def read_response(self, disable_decoding: bool = False, timeout: float | None = None,
+                            **options: Any) -> Any:  # fmt: skip
+        socket_timeout = self.socket_timeout  # type: ignore[attr-defined]
+        if timeout is not None or socket_timeout is None:
+            return await super().read_response(disable_decoding, timeout, **options)  # type: ignore[misc]
+        try:
+            async with loop_stall.Timeout(socket_timeout):
+                return await super().read_response(disable_decoding, math.inf, **options)  # type: ignore[misc]
+        except TimeoutError:
+            raise RedisTimeout(f"Timeout reading from {self._host_error()}") from None  # type: ignore[attr-defined]
 
 
-def _with_hiredis_packing(connection_class: type) -> type:
-    if connection_class not in _PACKING:
-        _PACKING[connection_class] = type(f"Hiredis{connection_class.__name__}",
-                                          (HiredisPacking, connection_class), {})  # fmt: skip
-    return _PACKING[connection_class]
+_CLASSES: dict[tuple[type, bool], type] = {}
 
 
-def connect(url: str, longest_block_s: float = 0.0) -> aioredis.Redis:
+def _connection_class(base: type, tolerate_stalls: bool) -> type:
+    """``base`` with :class:`HiredisPacking` (and :class:`StallTolerantReads`) mixed in."""
+    key = (base, tolerate_stalls)
+    if key not in _CLASSES:
+        mixins = (StallTolerantReads, HiredisPacking) if tolerate_stalls else (HiredisPacking,)
+        prefix = "StallTolerantHiredis" if tolerate_stalls else "Hiredis"
+        _CLASSES[key] = type(f"{prefix}{base.__name__}", (*mixins, base), {})
+    return _CLASSES[key]
+
+
+def connect(url: str, longest_block_s: float = 0.0, tolerate_stalls: bool = False) -> aioredis.Redis:
     """An asyncio client for ``url`` (``redis://``, ``rediss://`` or ``unix://``), its pool
-    bounded and waiting (:data:`MAX_CONNECTIONS`)."""
+    bounded and waiting (:data:`MAX_CONNECTIONS`). ``tolerate_stalls``: for a process whose
+    loop runs models (:class:`StallTolerantReads`)."""
     pool = aioredis.BlockingConnectionPool.from_url(
         url,
         socket_timeout=COMMAND_TIMEOUT_S + longest_block_s,
@@ -111,10 +144,17 @@ def connect(url: str, longest_block_s: float = 0.0) -> aioredis.Redis:
         max_connections=MAX_CONNECTIONS,
         timeout=COMMAND_TIMEOUT_S,
     )
-    pool.connection_class = _with_hiredis_packing(pool.connection_class)
+    pool.connection_class = _connection_class(pool.connection_class, tolerate_stalls)
     client = aioredis.Redis(connection_pool=pool)
     client.auto_close_connection_pool = True  # as from_url: aclose() closes the pool too
     return client
+
+
+def connect_sync(url: str) -> redis.Redis:
+    """A synchronous client for ``url``, with the same command and connect timeouts, for a
+    thread that acts while its process's event loop cannot (:mod:`workers.stand_in`)."""
+    return redis.Redis.from_url(url, socket_timeout=COMMAND_TIMEOUT_S,
+                                socket_connect_timeout=CONNECT_TIMEOUT_S)  # fmt: skip
 
 
 class CommandBatch(CoreCommands):

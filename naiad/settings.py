@@ -172,6 +172,13 @@ class Settings(BaseSettings):
     this host's name). On Kubernetes, give the node's name (``NAIAD_RATE_LIMIT_HOST`` from
     ``spec.nodeName``) so the workers of one node share them."""
 
+    python_on_loop: bool = True
+    """A worker runs its Python model (``initialize``, ``execute``, ``finalize``) on its
+    event loop's thread, not in a thread of its own (:mod:`workers.model_thread`): no thread
+    hand-off per batch; the loop waits while the model runs (its Redis timeouts and
+    heartbeat do not: :mod:`naiad.loop_stall`). Not with the rate limiter (its leases renew
+    on the loop). ``--python-on-loop false``: a thread of its own."""
+
     demote_spinning_threads: bool = True
     """A worker runs the threads of its model's frameworks that busy-wait between batches
     (ONNX Runtime's spinning intra-op pool in a ``model.py``'s session, OpenMP's) at

@@ -7,15 +7,21 @@ against the registry by the same rules (:func:`naiad.registry.select_version`;
 ``model_version`` -1: the newest version served), then validated, timed, placed, queued and
 counted in the target's statistics by the same :class:`naiad.model_client.ModelClient` (the
 queue wakes the scaler when the target has no worker, so a model at zero starts). The
-dispatcher lives on the worker's event loop with its own reply list (``naiad:reply:bls-<worker
-id>``); ``exec`` blocks only the model's thread, so heartbeats and replies keep flowing. Every
-failure comes back as the response's ``error()``, never raised, as Triton does; an unknown
-model is NOT_FOUND with Triton's message. An ensemble target is UNSUPPORTED at once: ensembles
-are scheduled by the gateway (:mod:`gateway.ensemble`), and no worker reads an ensemble's
-queue.
+dispatcher, with its own reply list (``naiad:reply:bls-<worker id>``) and its own Redis
+clients, lives on an event loop of its own in a daemon thread ("naiad-bls"), not on the
+worker's: a Python model's ``execute`` may run on the worker's event-loop thread, and an
+``exec`` made there blocks that loop until the answer comes, which a dispatcher on that loop
+could never read. ``exec`` waits on a :class:`concurrent.futures.Future`; ``async_exec`` wraps
+the same future on the caller's loop; both work from any thread. Every failure comes back as
+the response's ``error()``, never raised, of code INTERNAL, as Triton 2.51's stub gives BLS
+errors; an unknown model has Triton's message. An ensemble target is refused at once:
+ensembles are scheduled by the gateway (:mod:`gateway.ensemble`), and no worker reads an
+ensemble's queue.
 
-The reply reader starts on the first BLS call, so a worker whose model never calls another
-model holds no extra Redis connection.
+The thread, its loop and its connections start on the first BLS call, so a worker whose model
+never calls another model holds no extra thread or Redis connection. A call after
+:meth:`BlsClient.close` (the worker is stopping) is answered at once with an error
+(:data:`CLOSED`), as is one still waiting when the client closes.
 """
 
 from __future__ import annotations
@@ -24,11 +30,15 @@ import asyncio
 import concurrent.futures
 import json
 import logging
+import threading
+from collections.abc import Coroutine
+from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 import triton_python_backend_utils as pb_utils
+from naiad import tasks
 from naiad.datatypes import datatype_of
 from naiad.errors import ModelNotFound, ModelNotReady, NaiadError, Unsupported
 from naiad.inference import InferRequest, InferResponse, RequestedOutput, Tensor
@@ -41,6 +51,14 @@ from naiad.stats_writer import StatsWriter
 from repository_store.ensemble import is_ensemble
 
 logger = logging.getLogger(__name__)
+
+#: The name of the thread that runs the BLS client's event loop.
+THREAD_NAME = "naiad-bls"
+#: The error of a BLS call sent after the client closed, or still waiting when it closed.
+CLOSED = "BLS client is closed: the worker is stopping"
+#: Seconds :meth:`BlsClient.close` waits for the close work (flush, dispatcher, connections)
+#: on the BLS loop, then for its thread to end.
+CLOSE_S, JOIN_S = 10.0, 5.0
 
 
 def _failed(message: str) -> pb_utils.InferenceResponse:
@@ -61,25 +79,56 @@ def _message(error: NaiadError | RedisError) -> str:
 
 
 class BlsClient:
-    """Sends this worker's BLS requests through the target models' queues. Create it on the
-    worker's event loop; :meth:`submit` may be called from any other thread."""
+    """Sends this worker's BLS requests through the target models' queues, from an event loop
+    of its own in a daemon thread (module doc), started by the first :meth:`submit`. Every
+    object bound to an asyncio loop (Redis clients, registry reader, dispatcher, statistics
+    writer, lock) is made and used on that loop only. :meth:`submit` may be called from any
+    thread, the worker's loop thread included, even while it blocks on the answer."""
 
-    def __init__(self, settings: Settings, redis: Redis, redis_url: str, worker_id: str):
+    def __init__(self, settings: Settings, redis_url: str, worker_id: str):
         self.settings = settings
-        self.redis = redis
         self.redis_url = redis_url
-        self.registry = RegistryReader(redis)
         self.client_id = f"bls-{worker_id}"
-        self.loop = asyncio.get_running_loop()
+        self._guard = threading.Lock()  # the thread's start and the close, against submits
+        self._closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        # made on the BLS loop, on first use, by _registry and _started
+        self.redis: Redis | None = None
+        self.registry: RegistryReader | None = None
+        self._starting: asyncio.Lock | None = None
         self._client: ModelClient | None = None
         self._reader: Redis | None = None
-        self._starting = asyncio.Lock()
 
     def submit(
         self, request: pb_utils.InferenceRequest
     ) -> concurrent.futures.Future[pb_utils.InferenceResponse]:
-        """Send ``request`` from a model's thread; the future's result is its response."""
-        return asyncio.run_coroutine_threadsafe(self.execute(request), self.loop)
+        """Send ``request`` from any thread; the future's result is its response. After
+        :meth:`close` the future is already resolved, to an error response (:data:`CLOSED`)."""
+        with self._guard:  # scheduled under the guard: a close that follows sees the call
+            if self._closed:
+                return _resolved(_failed(CLOSED))
+            if self._loop is None:
+                self._start()
+            assert self._loop is not None
+            return asyncio.run_coroutine_threadsafe(self._answer(request), self._loop)
+
+    def _start(self) -> None:
+        """Start the BLS loop in its daemon thread (holding ``_guard``)."""
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=_run_forever, args=(loop,), name=THREAD_NAME, daemon=True)
+        thread.start()
+        self._loop, self._thread = loop, thread
+
+    async def _answer(self, request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
+        """:meth:`execute`, on the BLS loop; a call cancelled by :meth:`close` is answered
+        with :data:`CLOSED` (any other cancellation, its caller's, stays one)."""
+        try:
+            return await self.execute(request)
+        except asyncio.CancelledError:
+            if self._closed:
+                return _failed(CLOSED)
+            raise
 
     async def execute(self, request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
         """The response to ``request``: its outputs, or its ``error()``, always of code
@@ -122,13 +171,24 @@ class BlsClient:
         """The target's registry entry and version (-1: the newest it serves), by the rules a
         client's request meets at the gateway (:func:`naiad.registry.select_version`).
         Raises :class:`ModelNotFound` (Triton's message) or :class:`ModelNotReady`."""
-        entry = await self.registry.get(model) if model else None
+        entry = await self._registry().get(model) if model else None
         if entry is None:
             raise ModelNotFound(f"Request for unknown model: '{model}' is not found")
         return entry, select_version(entry, None if version == -1 else version)
 
+    def _registry(self) -> RegistryReader:
+        """The registry reader, this client's command connection made on first use (on the
+        BLS loop: nothing here awaits, so no two calls make them)."""
+        if self.registry is None:
+            self.redis = connect(self.redis_url)
+            self.registry = RegistryReader(self.redis)
+            self._starting = asyncio.Lock()
+        return self.registry
+
     async def _started(self) -> ModelClient:
         """The model client, its dispatcher's reply reader started on first use."""
+        self._registry()
+        assert self.redis is not None and self._starting is not None
         async with self._starting:
             if self._client is None:
                 self._reader = connect(self.redis_url, longest_block_s=READER_BLOCK_S)
@@ -139,12 +199,77 @@ class BlsClient:
         return self._client
 
     async def close(self) -> None:
-        """Stop the reply reader, if it started."""
-        if self._client is not None:
-            await self._client.writer.flush()
-            await self._client.dispatcher.stop()
-        if self._reader is not None:
-            await self._reader.aclose()
+        """Close the client, on the worker's loop: when its thread started, run the close work
+        on the BLS loop (:meth:`_close_on_loop`, at most :data:`CLOSE_S`), waited for without
+        blocking the caller's loop, then stop that loop, join its thread (at most
+        :data:`JOIN_S`) and close the loop. Later calls are answered :data:`CLOSED`; a second
+        close does nothing. Raises what the close work raised, once the thread is stopped."""
+        with self._guard:
+            self._closed = True
+            loop, thread = self._loop, self._thread
+            self._loop = self._thread = None
+        if loop is None or thread is None:
+            return
+        try:
+            await _wait_on(loop, self._close_on_loop(), CLOSE_S)
+        finally:
+            await _stop(loop, thread)
+
+    async def _close_on_loop(self) -> None:
+        """On the BLS loop: write the statistics still held, stop the reply reader (waiting
+        calls are cancelled: answered :data:`CLOSED`), end every other task of the loop, and
+        close the connections."""
+        try:
+            if self._client is not None:
+                await self._client.writer.flush()
+                await self._client.dispatcher.stop()
+            await _end_other_tasks()
+        finally:
+            for client in (self._reader, self.redis):
+                if client is not None:
+                    await client.aclose()
+
+
+def _run_forever(loop: asyncio.AbstractEventLoop) -> None:
+    """The BLS thread: run ``loop`` until :meth:`BlsClient.close` stops it."""
+    asyncio.set_event_loop(loop)
+    loop.run_forever()
+
+
+def _resolved(response: pb_utils.InferenceResponse) -> concurrent.futures.Future[pb_utils.InferenceResponse]:
+    """A future already resolved to ``response``: :meth:`BlsClient.submit`'s answer once closed."""
+    done: concurrent.futures.Future[pb_utils.InferenceResponse] = concurrent.futures.Future()
+    done.set_result(response)
+    return done
+
+
+async def _wait_on(
+    loop: asyncio.AbstractEventLoop, work: Coroutine[Any, Any, None], timeout_s: float
+) -> None:
+    """Run ``work`` on ``loop`` (another thread's) and wait for it from the caller's loop, at
+    most ``timeout_s`` (then it is cancelled and a warning logged). Raises what it raised."""
+    try:
+        await asyncio.wait_for(asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, loop)), timeout_s)
+    except TimeoutError:
+        logger.warning("the BLS client did not close within %.0f s", timeout_s)
+
+
+async def _end_other_tasks() -> None:
+    """Cancel every task of the running loop but the caller's and wait until they end."""
+    current = asyncio.current_task()
+    others = [task for task in asyncio.all_tasks() if task is not current]
+    await asyncio.gather(*(tasks.cancel_and_wait(task) for task in others), return_exceptions=True)
+
+
+async def _stop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
+    """Stop ``loop``, join ``thread`` that runs it (at most :data:`JOIN_S`, in a worker thread
+    of the caller's loop, not blocking it), then close the loop."""
+    loop.call_soon_threadsafe(loop.stop)
+    await asyncio.to_thread(thread.join, JOIN_S)
+    if thread.is_alive():
+        logger.warning("the BLS thread did not end within %.0f s; its loop is left open", JOIN_S)
+        return
+    loop.close()
 
 
 def _tensor(tensor: pb_utils.Tensor) -> Tensor:
@@ -162,9 +287,10 @@ def _parameters(request: pb_utils.InferenceRequest) -> dict:
     return parameters
 
 
-def install(settings: Settings, redis: Redis, redis_url: str, worker_id: str) -> BlsClient:
-    """A BLS client for this worker, reachable from ``pb_utils.InferenceRequest.exec``.
-    Call on the worker's loop; close it (:meth:`BlsClient.close`) when the worker exits."""
-    client = BlsClient(settings, redis, redis_url, worker_id)
+def install(settings: Settings, redis_url: str, worker_id: str) -> BlsClient:
+    """A BLS client for this worker, reachable from ``pb_utils.InferenceRequest.exec``; it
+    starts nothing until the first call, then connects to ``redis_url`` from its own loop.
+    Close it (:meth:`BlsClient.close`, on the worker's loop) when the worker exits."""
+    client = BlsClient(settings, redis_url, worker_id)
     pb_utils._install_bls(client.submit)  # noqa: SLF001 - the module's hook for its host
     return client

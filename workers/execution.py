@@ -10,14 +10,16 @@ request-level backend (Triton's Python backend, ``execute_requests``, see
 its own, outputs or the error that fails that request alone; its phases are kept alike:
 compute_input 0 (nothing to merge), compute_infer (the backend), compute_output (encoding).
 
-The backend runs in the model's thread (:mod:`workers.model_thread`, the one that loaded it),
-so the worker's event loop (heartbeats, claims) keeps going,
-unless the batch is expected to compute within :data:`INLINE_INFER_S`: then a thread
-hand-off would cost more than the model, and it runs on the event loop (:func:`expected_ns`,
-from what batches of as many input elements took: a batch of the same rows but longer
-sequences, or larger images, is another size class). A request-level backend (a Python
-model: its time depends on its input and its code on anything it imports, docs/benchmarks.md
-"Stop 22") always runs in a thread.
+The backend runs in the model's thread (:mod:`workers.model_thread`, the one that loaded it).
+For a merged backend that is a thread of its own, so the worker's event loop (heartbeats,
+claims) keeps going, unless the batch is expected to compute within :data:`INLINE_INFER_S`:
+then a thread hand-off would cost more than the model, and it runs on the event loop
+(:func:`expected_ns`, from what batches of as many input elements took: a batch of the same
+rows but longer sequences, or larger images, is another size class). A request-level
+backend (a Python model) runs all its calls on the thread it loaded on: the event loop's own
+(:func:`workers.loader.runs_on_loop`; its time depends on its input and its code on anything
+it imports, so no estimate decides, docs/benchmarks.md "Stop 22": the loop's stall is made
+safe instead, :mod:`naiad.loop_stall`), else a thread of its own.
 """
 
 from __future__ import annotations
@@ -110,11 +112,13 @@ class BatchExecutor:
         """The runner :meth:`execute_now` would run a batch of ``version`` on (``elements``:
         its inputs' element count, all inputs together), or None when that batch needs
         something awaited: a version not loaded yet, the rate limiter, a request-level
-        backend (a Python model: its thread), a batch not expected to compute inline
-        (:meth:`inline`), or tracing (its spans)."""
+        backend (a Python model) in a thread of its own, a merged batch not expected to
+        compute inline (:meth:`inline`), or tracing (its spans)."""
         runner = self.loader.loaded(version)
-        if runner is None or self.rate_limit is not None or tracing.enabled() or is_request_level(runner):
+        if runner is None or self.rate_limit is not None or tracing.enabled():
             return None
+        if is_request_level(runner):
+            return runner if self.thread.on_loop else None
         return runner if self.inline(runner, elements) else None
 
     def execute_now(
@@ -129,8 +133,11 @@ class BatchExecutor:
                 self.spin_watch.batch_started()
             try:
                 started_ns = time.time_ns()
-                prepared = self._prepare(runner, group)
-                done = self._finish(runner, group, prepared, self._infer_inline(runner, prepared))
+                if is_request_level(runner):
+                    done = requests_done(runner, group, self.thread.call, self.spin_watch)
+                else:
+                    prepared = self._prepare(runner, group)
+                    done = self._finish(runner, group, prepared, self._infer_inline(runner, prepared))
                 elapsed_ms = (time.time_ns() - started_ns) / 1e6
                 logger.debug("batch of %d requests done in %.2f ms", len(group), elapsed_ms)
                 return done
@@ -231,12 +238,38 @@ async def run_requests(
     in ``thread`` (``spinners``, when given, at ``SCHED_OTHER`` there while it runs): the
     encoded replies in ``group`` order and the batch's statistics. Raises what the backend
     raises when the whole batch fails."""
+    if thread.on_loop:  # nothing to await: the model runs in this turn (workers.model_thread)
+        return requests_done(runner, group, thread.call, spinners)
     requests = [queued.request for queued in group]
-    batched = runner.config.max_batch_size > 0
-    rows = sum([batching.rows(r) for r in requests]) if batched else len(requests)
-    started_s, t1 = time.time(), time.perf_counter_ns()
+    rows, started_s, t1 = _rows_of(runner, requests), time.time(), time.perf_counter_ns()
     with tracing.span("naiad.backend", {"naiad.batch_rows": rows, "naiad.batch_requests": len(group)}):
         results = await thread.run(_with_spinners, spinners, runner.backend.execute_requests, requests)  # type: ignore[attr-defined]
+    return _answered(group, results, rows, started_s, t1)
+
+
+def requests_done(
+    runner: ModelRunner, group: Sequence[QueuedRequest], call: Callable[..., Any],
+    spinners: spin_watch.SpinWatch | None = None,
+) -> tuple[list[bytes], stats.Execution]:
+    """:func:`run_requests` through ``call`` (:meth:`workers.model_thread.ModelThread.call`:
+    the event loop's thread, now), nothing awaited."""
+    requests = [queued.request for queued in group]
+    rows, started_s, t1 = _rows_of(runner, requests), time.time(), time.perf_counter_ns()
+    with tracing.span("naiad.backend", {"naiad.batch_rows": rows, "naiad.batch_requests": len(group)}):
+        results = call(_with_spinners, spinners, runner.backend.execute_requests, requests)  # type: ignore[attr-defined]
+    return _answered(group, results, rows, started_s, t1)
+
+
+def _rows_of(runner: ModelRunner, requests: Sequence[Any]) -> int:
+    """The batch's rows: its requests' first dimensions when the model batches, else one each."""
+    return sum([batching.rows(r) for r in requests]) if runner.config.max_batch_size > 0 else len(requests)
+
+
+def _answered(
+    group: Sequence[QueuedRequest], results: Sequence[Any], rows: int, started_s: float, t1: int
+) -> tuple[list[bytes], stats.Execution]:
+    """The encoded replies of a request-level batch (per request its outputs or its error)
+    and its statistics (compute_infer from ``t1``, ``perf_counter_ns``, to now)."""
     t2 = time.perf_counter_ns()
     phases = {"compute_input": 0, "compute_infer": t2 - t1}
     payloads = [
@@ -245,7 +278,7 @@ async def run_requests(
         for q, result in zip(group, results, strict=True)
     ]  # fmt: skip
     phases["compute_output"] = time.perf_counter_ns() - t2
-    return payloads, _execution(requests[0].version, rows, group, started_s, phases)
+    return payloads, _execution(group[0].request.version, rows, group, started_s, phases)
 
 
 def _with_spinners(spinners: spin_watch.SpinWatch | None, function: Callable[..., T], *args: Any) -> T:

@@ -4,7 +4,8 @@ retirement, and leaving.
 - **Heartbeat**: the worker's id in the sorted set ``naiad:{m}:workers`` with a deadline of
   three heartbeat periods as its score; the scaler, the gateways and ``naiad_model_workers``
   count live workers from it, and a dead worker's claimed requests are reclaimed once its
-  deadline passed (:mod:`workers.reclaim`).
+  deadline passed (:mod:`workers.reclaim`). While the loop is stalled in a model's call, a
+  thread beats instead (:mod:`workers.stand_in`).
 - **Registry watch**: once a heartbeat, one ``GET`` of the registry generation; when it
   moved, the model's entry: unloaded, removed or reconfigured → drain and exit (the next
   request cold-starts a fresh worker); only its versions changed (poll mode's new version) →
@@ -77,9 +78,12 @@ class Lifecycle:
         self._generation: int | None = None
         self.registered_raw: bytes | None = None  # the registry entry as last read
 
+    def deadline(self) -> float:
+        """A heartbeat's score: three periods from now (Unix seconds)."""
+        return time.time() + 3 * self.settings.heartbeat_s
+
     async def heartbeat(self) -> None:
-        deadline = time.time() + 3 * self.settings.heartbeat_s
-        await self.redis.zadd(keys.workers(self.model), {self.worker_id: deadline})
+        await self.redis.zadd(keys.workers(self.model), {self.worker_id: self.deadline()})
 
     async def heartbeat_loop(self) -> None:
         """Beat every heartbeat period, and drain when the registry moved on (:meth:`outdated`)."""

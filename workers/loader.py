@@ -5,9 +5,11 @@ The version folder comes from the machine's shared :class:`repository_store.Mode
 device the scaler placed this worker on (``Settings.device``), else the one its
 ``instance_group`` asks for (KIND_CPU → CPU; otherwise CUDA where the backend has it, falling
 back to the CPU). Then its ``model_warmup`` samples run (:mod:`workers.warmup`), before the
-worker takes a request; a failing sample fails the load. All of it runs in the model's
-thread (:mod:`workers.model_thread`), where its batches and its ``close`` run too: a Python
-model's ``initialize``, ``execute`` and ``finalize`` share one thread, as in Triton's stub.
+worker takes a request; a failing sample fails the load. The pull runs in a thread of
+asyncio's executor; the load and warm-up in the model's thread (:mod:`workers.model_thread`;
+a Python model's: the event loop's own, :func:`runs_on_loop`), where its batches and its
+``close`` run too: a Python model's ``initialize``, ``execute`` and ``finalize`` share one
+thread, as in Triton's stub.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from tritonclient.grpc import model_config_pb2 as mc
 from naiad.errors import ModelNotFound, ModelNotReady, RepositoryError
 from naiad.registry import ModelEntry
 from naiad.settings import Settings
-from repository_store import ModelCache, RepositoryStore, index_model, open_store
+from repository_store import ModelCache, RepositoryStore, backend_of, index_model, open_store
 from repository_store.cache import PullStats
+from workers import rate_limiter
 from workers.backends import load_backend
 from workers.model import ModelRunner
 from workers.model_thread import ModelThread
@@ -42,6 +45,14 @@ def device_for(config: mc.ModelConfig, placed: str | None = None) -> str:
         return "cpu" if placed == "cpu" else "cuda"
     kinds = {group.kind for group in config.instance_group}
     return "cpu" if kinds == {mc.ModelInstanceGroup.KIND_CPU} else "cuda"
+
+
+def runs_on_loop(config: mc.ModelConfig, settings: Settings) -> bool:
+    """Whether the model's calls run on the worker's event loop's thread
+    (:attr:`workers.model_thread.ModelThread.on_loop`): a Python model's (``--python-on-loop``,
+    default true), unless the rate limiter may hold its batches (its leases renew on the loop)."""
+    python = settings.python_on_loop and backend_of(config) == "python"
+    return python and not rate_limiter.may_limit(settings, config)
 
 
 @dataclass(frozen=True)
@@ -89,6 +100,7 @@ class VersionLoader:
         self.entry = entry
         if self.entry.state != "READY" or self.entry.config is None:
             raise ModelNotReady(f"model '{self.model}' is not ready: {self.entry.reason}")
+        self.thread.on_loop = runs_on_loop(self.entry.config, self.settings)
         await self.get(max(self.entry.versions))
         return self.entry
 
@@ -103,7 +115,8 @@ class VersionLoader:
             return runner
         async with self._lock:
             if version not in self._runners:
-                self._runners[version] = await self.thread.run(self._load, version)
+                folder, pull_s = await asyncio.to_thread(self._fetch, version)  # never a loop's stall
+                self._runners[version] = await self.thread.run(self._load, version, folder, pull_s)
         return self._runners[version]
 
     def close(self) -> None:
@@ -157,24 +170,30 @@ class VersionLoader:
                 wait_s *= 2
         raise AssertionError("unreachable")
 
-    def _load(self, version: int) -> ModelRunner:
-        assert self.entry is not None and self.entry.config is not None and self.store
+    def _fetch(self, version: int) -> tuple[pathlib.Path, float]:
+        """The version's local folder (:meth:`_pull`) and the seconds its pull took."""
+        assert self.entry is not None
         if version not in self.entry.versions:
             raise ModelNotFound(f"model '{self.model}' has no version {version}")
         started = time.perf_counter()
         folder = self._pull(version)
-        pulled = time.perf_counter()
         if self.cache.last_pull is not None and self.cache.last_pull.downloaded:
             self._pulls.append(self.cache.last_pull)
+        return folder, time.perf_counter() - started
+
+    def _load(self, version: int, folder: pathlib.Path, pull_s: float) -> ModelRunner:
+        """Load and warm up the pulled ``version`` (in the model's thread)."""
+        assert self.entry is not None and self.entry.config is not None and self.store
+        pulled = time.perf_counter()
         device = device_for(self.entry.config, self.settings.device)
         backend = load_backend(folder, self.entry.config, device)
         loaded = time.perf_counter()
         runner = ModelRunner(self.entry.config, backend)
         warmup_s = self._warm_up(runner, version)
-        self._loads.append(VersionLoad(version, pulled - started, loaded - pulled, warmup_s))
+        self._loads.append(VersionLoad(version, pull_s, loaded - pulled, warmup_s))
         logger.info(
             "model '%s' version %d: pulled in %.3f s, loaded on %s in %.3f s, warmed up in %.3f s",
-            self.model, version, pulled - started, self.settings.device or device, loaded - pulled, warmup_s,
+            self.model, version, pull_s, self.settings.device or device, loaded - pulled, warmup_s,
         )  # fmt: skip
         return runner
 

@@ -318,16 +318,22 @@ def slot(limiter: RateLimiter | None) -> contextlib.AbstractAsyncContextManager[
 _UNLIMITED: contextlib.AbstractAsyncContextManager[None] = contextlib.nullcontext()
 
 
+def may_limit(settings: Settings, config: mc.ModelConfig) -> bool:
+    """Whether a worker of ``config`` may be rate limited: the limiter is on and its instance
+    group lists resources (:func:`for_worker` then reads what the other models need)."""
+    if settings.rate_limit == "off":
+        return False
+    group = instance_group(config, settings.device)
+    return group is not None and bool(group.rate_limiter.resources)
+
+
 async def for_worker(
     settings: Settings, redis: Redis, worker_id: str, config: mc.ModelConfig
 ) -> RateLimiter | None:
     """The limiter of a worker of ``config`` (None: ``--rate-limit off``, or its instance
     group lists no resources). Reads every model's config from the registry once, for the
     default copies. Raises ConfigError (see :func:`needs`): the model cannot be scheduled."""
-    if settings.rate_limit == "off":
-        return None
-    group = instance_group(config, settings.device)
-    if group is None or not group.rate_limiter.resources:
+    if not may_limit(settings, config):
         return None
     entries = await RegistryReader(redis).read_all()
     configs = [e.config for e in entries.values() if e.config is not None]

@@ -98,6 +98,7 @@ class LocalScaler:
             *(f"--rate-limit-resource={value}" for value in self.settings.rate_limit_resource),
             *(["--rate-limit-host", self.settings.rate_limit_host] if self.settings.rate_limit_host else []),
             "--demote-spinning-threads", str(self.settings.demote_spinning_threads).lower(),
+            "--python-on-loop", str(self.settings.python_on_loop).lower(),
             *self.log_flags(),
         ]  # fmt: skip
 

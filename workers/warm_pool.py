@@ -251,7 +251,7 @@ def _retitle(worker_args: list[str]) -> None:
 
 async def _connect(settings: Settings):
     assert settings.redis_url is not None
-    redis = connect(settings.redis_url, longest_block_s=1.0)
+    redis = connect(settings.redis_url, longest_block_s=1.0, tolerate_stalls=True)
     try:
         await redis.ping()
     except RedisError as exc:  # the claimed worker retries on its own

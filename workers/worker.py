@@ -51,6 +51,7 @@ from workers.lifecycle import Lifecycle
 from workers.loader import VersionLoader
 from workers.queue_reader import FRESH_S, QueueReader
 from workers.replies import REDIS_BACKOFF_S, ReplySender
+from workers.stand_in import HeartbeatStandIn
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +96,7 @@ class Worker:
         self.model = model
         self.worker_id = worker_id or settings.worker_id or ids.worker_id(model)
         self.prepared = prepared
-        self.redis = (prepared and prepared.redis) or connect(redis_url, longest_block_s=1.0)
+        self.redis = (prepared and prepared.redis) or connect(redis_url, 1.0, tolerate_stalls=True)
         self.redis_url = redis_url
         self.stopping = asyncio.Event()
         self.queue = QueueReader(self.redis, model, self.worker_id)
@@ -112,6 +113,8 @@ class Worker:
         self._claiming: asyncio.Future[tuple[list[QueuedRequest], float] | None] | None = None
         self.lifecycle = Lifecycle(settings, self.redis, model, self.worker_id, self.queue, self.loader,
                                    self.stopping)  # fmt: skip
+        self.stand_in = HeartbeatStandIn(redis_url, model, self.worker_id, settings.heartbeat_s,
+                                         self.lifecycle.deadline)  # fmt: skip
         self._marks: dict[str, float] = {}  # cold-start phases: name -> epoch seconds at its end
         self.policy: BatchPolicy | None = None
         self.batcher: Batcher | None = None  # the claimed requests not yet run
@@ -129,7 +132,8 @@ class Worker:
         await self.queue.ensure_groups()
         await self.lifecycle.heartbeat()
         beat = asyncio.create_task(self.lifecycle.heartbeat_loop())
-        calls = bls.install(self.settings, self.redis, self.redis_url, self.worker_id)  # Python models' BLS
+        self.stand_in.start()  # beats while a model's call stalls the loop (workers.stand_in)
+        calls = bls.install(self.settings, self.redis_url, self.worker_id)  # Python models' BLS
         try:
             return await self._load_and_serve()
         finally:
@@ -137,6 +141,7 @@ class Worker:
             await self.loader.thread.run(self.loader.close)  # backends' close(): Python models' finalize()
             await calls.close()
             await tasks.cancel_and_wait(beat)
+            self.stand_in.stop()
             await self.lifecycle.deregister()
             await self.redis.aclose()
 
