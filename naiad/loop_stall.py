@@ -15,12 +15,16 @@ time for a dead peer, so each such call is a *stall* (:func:`stalled`), timed he
 
 Inside a stall the thread has no running event loop (``asyncio.get_running_loop`` raises,
 as in any plain thread): the model may run a loop of its own (``asyncio.run``, an ``async
-def execute`` on its backend's loop), as it may in Triton's stub. Stalls do not nest.
+def execute`` on its backend's loop), as it may in Triton's stub. Such a loop, uvloop's, run
+on the main thread takes the process's signal wake-up file while it runs, and a signal the
+stalled loop handles would be lost with it: :func:`keep_signals` notes those that arrive
+during a stall and hands them to their handler when it ends. Stalls do not nest.
 """
 
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -32,6 +36,8 @@ T = TypeVar("T")
 _started: float | None = None  # time.monotonic() when the stall under way began
 _total = 0.0  # seconds of the stalls that ended
 _lock = threading.Lock()  # a stall's end against a thread acting for the stalled loop
+_missed: list[int] = []  # signals noted during the stall under way (keep_signals)
+_on_missed: Callable[[int], None] | None = None
 
 
 @contextmanager
@@ -49,6 +55,27 @@ def stalled() -> Iterator[None]:
             _started = None
             _total += time.monotonic() - started
         asyncio._set_running_loop(loop)  # noqa: SLF001
+        if _missed and loop is not None and _on_missed is not None:
+            for signum in _missed:
+                loop.call_soon(_on_missed, signum)
+            _missed.clear()
+
+
+def keep_signals(signals: tuple[int, ...], handler: Callable[[], None]) -> None:
+    """Hand each of ``signals`` that arrives during a stall to ``handler`` (with no argument)
+    on the loop once the stall ends (module doc). Call in the main thread after the loop's
+    ``add_signal_handler`` for them, with the same idempotent handler: a signal the loop
+    also got runs it twice. The Python-level handler set here only notes the signal; the
+    loop's own dispatch (through the wake-up file) is unchanged."""
+    global _on_missed
+    _on_missed = lambda signum: handler()  # noqa: E731
+    for signum in signals:
+        signal.signal(signum, _note)
+
+
+def _note(signum: int, frame: Any) -> None:
+    if _started is not None:
+        _missed.append(signum)
 
 
 def clock() -> float:

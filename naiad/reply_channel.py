@@ -427,12 +427,27 @@ class GatewayLink(asyncio.Protocol):
         self.buffer = bytearray()
         self.offered = 0  # requests this worker's open offer at that gateway still takes
         self.received = 0  # requests it handed here
+        self.unsent: asyncio.Future[None] | None = None  # set while a write waits for the socket
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        transport.set_write_buffer_limits(high=0)  # type: ignore[attr-defined]  # pause_writing at once
+
+    def pause_writing(self) -> None:
+        """A write left bytes unsent (the socket was full): they go as the gateway reads."""
+        self.unsent = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        self._written()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
+        self._written()
+
+    def _written(self) -> None:
+        unsent, self.unsent = self.unsent, None
+        if unsent is not None and not unsent.done():
+            unsent.set_result(None)
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
@@ -500,6 +515,19 @@ class ReplyConnections:
         be idle after this batch: the frame carries its offer when that gateway has none."""
         link = self._open(address) or await self._connect(address)
         return link is not None and self._write(link, replies, raw_stats, offer)
+
+    def unsent(self) -> list[asyncio.Future[None]]:
+        """For each connection still holding bytes unsent, a future set once they are written."""
+        return [link.unsent for link in self._links.values() if link.unsent is not None]
+
+    async def flushed(self, timeout_s: float) -> None:
+        """Wait until every connection has written what it holds, at most ``timeout_s``: a
+        frame larger than its socket's buffer goes out on the loop's turns, as its gateway
+        reads, and a worker about to stall its loop (a Python model's ``execute``,
+        :mod:`naiad.loop_stall`) lets it go first, or it would wait for the stall's end."""
+        unsent = self.unsent()
+        if unsent:
+            await asyncio.wait(unsent, timeout=timeout_s)
 
     def takes_now(self, address: Address) -> bool:
         """Whether :meth:`send_now` to ``address`` would write: its connection is open and

@@ -56,6 +56,8 @@ class ModelThread:
         self._thread: threading.Thread | None = None
         #: Calls run on the event loop's thread (module doc); set before the first call.
         self.on_loop = False
+        #: Called once, before the first call on the loop's thread (the heartbeat's stand-in).
+        self.before_first_call: Callable[[], None] | None = None
 
     async def run(self, function: Callable[..., T], *args: Any) -> T:
         """``function(*args)`` in the thread, in a copy of the caller's context; its result,
@@ -75,6 +77,9 @@ class ModelThread:
         """``function(*args)`` now, on the loop's thread (:attr:`on_loop` only), as a stall of
         the loop, in a copy of the caller's context; its result, or what it raised."""
         assert self.on_loop, "a model's thread of its own is called through run()"
+        if self.before_first_call is not None:
+            first, self.before_first_call = self.before_first_call, None
+            first()
         with loop_stall.stalled():
             return contextvars.copy_context().run(function, *args)
 

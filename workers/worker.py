@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
-from naiad import ids, logs, procs, queue_policy, stats, tasks
+from naiad import ids, logs, loop_stall, procs, queue_policy, stats, tasks
 from naiad.codec import DATA, HEADER, QueuedRequest, Reply, decode_request, encode_reply, entry_order
 from naiad.errors import DeadlineExceeded, InvalidInput, NaiadError, QueueTimeout
 from naiad.redis_client import connect
@@ -60,6 +60,9 @@ logger = logging.getLogger(__name__)
 BLOCK_MARGIN_S = 0.11
 #: The step of the sleep-and-claim rounds of a short batching wait (seconds).
 WAIT_STEP_S = 0.001
+#: Longest wait (seconds) for the frames still being written to gateways before a batch
+#: stalls the loop (a Python model's): a gateway that stopped reading does not hold the worker.
+FLUSH_S = 1.0
 
 
 def _arrival_order(pair: tuple[QueuedRequest, bytes]) -> tuple[tuple[int, int], float]:
@@ -129,10 +132,11 @@ class Worker:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stopping.set)
+        loop_stall.keep_signals((signal.SIGTERM, signal.SIGINT), self.stopping.set)  # a model's own loop
+        self.loader.thread.before_first_call = self.stand_in.start  # beats while a call stalls the loop
         await self.queue.ensure_groups()
         await self.lifecycle.heartbeat()
         beat = asyncio.create_task(self.lifecycle.heartbeat_loop())
-        self.stand_in.start()  # beats while a model's call stalls the loop (workers.stand_in)
         calls = bls.install(self.settings, self.redis_url, self.worker_id)  # Python models' BLS
         try:
             return await self._load_and_serve()
@@ -293,8 +297,8 @@ class Worker:
         if self.stopping.is_set() or loaded is None or version not in loaded.versions:
             return False
         runner = self.executor.runnable_now(version, sum([t.data.size for t in queued.request.inputs]))
-        if runner is None or not self.replies.takes_now(queued):
-            return False
+        if runner is None or not self.replies.takes_now(queued) or self.direct.unsent():
+            return False  # (unsent: a frame still being written goes before the loop stalls, _process)
         self._take_handed()
         batch, rejected, _ = self._due(time.time())
         if not batch and not rejected:
@@ -487,6 +491,8 @@ class Worker:
         live = await self.lifecycle.hand_over(live)
         runs: list[stats.Execution] = []
         if live:
+            if self.loader.thread.on_loop:  # what is still being written goes before the loop stalls
+                await self.direct.flushed(FLUSH_S)
             payloads, run = await self.executor.execute(live)
             pairs += zip(live, payloads, strict=True)
             runs += [run] if run is not None else []

@@ -4,10 +4,15 @@ socket timeout and its heartbeat's deadline) runs each request once, on a health
 
 from __future__ import annotations
 
+import signal
 import threading
+import time
 
+import numpy as np
 import pytest
 import requests
+import tritonclient.http as httpclient
+from naiad_harness import wait_for
 
 #: A Python model answering ``IN`` after ``sleep_s`` (a request parameter) seconds, with where
 #: ``execute`` ran: 1 on the process's main thread (the worker's loop), and whether a running
@@ -24,7 +29,17 @@ class TritonPythonModel:
     def execute(self, requests):
         responses = []
         for request in requests:
-            time.sleep(float(json.loads(request.parameters()).get("sleep_s", 0)))
+            parameters = json.loads(request.parameters())
+            time.sleep(float(parameters.get("sleep_s", 0)))
+            if parameters.get("own_uvloop_s"):  # a loop of its own, uvloop's, on this thread
+                import uvloop
+                uvloop.run(asyncio.sleep(float(parameters["own_uvloop_s"])))
+            if parameters.get("raise_cancelled"):  # a BaseException, not an Exception
+                raise asyncio.CancelledError("the model's own")
+            if parameters.get("big"):
+                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.zeros(
+                    int(parameters["big"]), np.int32)), pb_utils.Tensor("WHERE", np.zeros(4, np.int32))]))
+                continue
             try:
                 asyncio.get_running_loop()
                 running = 1
@@ -41,7 +56,7 @@ class TritonPythonModel:
 CONFIG = "\n".join([
     'backend: "python"', "max_batch_size: 0",
     'input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]',
-    'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] },',
+    'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ -1 ] },',
     '         { name: "WHERE" data_type: TYPE_INT32 dims: [ 4 ] } ]',
 ])  # fmt: skip
 
@@ -59,12 +74,12 @@ def where_repository(tmp_path):
     return tmp_path / "models"
 
 
-def infer(server, value: int, sleep_s: float = 0.0) -> dict:
+def infer(server, value: int, sleep_s: float = 0.0, status: int = 200, **parameters) -> dict:
     body = {"inputs": [{"name": "IN", "shape": [1], "datatype": "INT32", "data": [value]}],
-            "parameters": {"sleep_s": sleep_s}}  # fmt: skip
+            "parameters": {"sleep_s": sleep_s, **parameters}}  # fmt: skip
     answer = requests.post(f"{server.http}/v2/models/where/infer", json=body, timeout=60)
-    assert answer.status_code == 200, answer.text
-    return {o["name"]: o["data"] for o in answer.json()["outputs"]}
+    assert answer.status_code == status, answer.text
+    return {o["name"]: o["data"] for o in answer.json()["outputs"]} if status == 200 else answer.json()
 
 
 def executions(server) -> int:
@@ -107,3 +122,59 @@ def test_a_long_execute_on_the_loop_runs_each_request_once_on_a_healthy_worker(w
     log = server.log()
     assert not [line for line in log.splitlines() if any(t in line for t in TROUBLE)], log[-3000:]
     assert len(server.worker_processes("where")) == 1
+
+
+def test_a_signal_during_the_models_own_uvloop_loop_still_drains_the_worker(where_repository, naiad_server):
+    """A model running uvloop's loop on the main thread (the worker's, stalled) takes the
+    process's signal wake-up file while it runs: a SIGTERM then must still reach the worker
+    (drain: the request answered, then the worker exits)."""
+    server = naiad_server(repository=where_repository)
+    assert infer(server, 0)["OUT"] == [0]
+    (worker,) = server.worker_processes("where")
+    answers: list[dict] = []
+    caller = threading.Thread(target=lambda: answers.append(infer(server, 5, own_uvloop_s=2.0)))
+    caller.start()
+    time.sleep(1.0)  # inside the model's own loop
+    worker.send_signal(signal.SIGTERM)
+    caller.join(30)
+    assert answers and answers[0]["OUT"] == [5]
+    wait_for(lambda: not worker.is_running() or worker.status() == "zombie", 15, "the worker to exit")
+
+
+def test_a_model_raising_a_base_exception_fails_its_request_not_the_worker(where_repository, naiad_server):
+    """``asyncio.CancelledError`` out of ``execute`` (a BaseException, and on the loop's thread
+    the very class that cancels a task): that request fails (500), the same worker serves on."""
+    server = naiad_server(repository=where_repository)
+    assert infer(server, 0)["OUT"] == [0]
+    (worker,) = server.worker_processes("where")
+    assert "CancelledError" in infer(server, 1, status=500, raise_cancelled=True)["error"]
+    assert infer(server, 2)["OUT"] == [2]
+    assert server.worker_processes("where") == [worker]
+
+
+def test_a_large_answer_goes_out_while_the_next_request_runs(where_repository, naiad_server):
+    """A 4 MB answer, larger than the worker's socket to its gateway takes at once, then a 3 s
+    request: the first answer is written out before the loop stalls in the second, not after."""
+    server = naiad_server(repository=where_repository)
+    assert infer(server, 0)["OUT"] == [0]
+    client = httpclient.InferenceServerClient(server.url)
+    tensor = httpclient.InferInput("IN", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([1], dtype=np.int32))
+    took: list[float] = []
+
+    def big() -> None:
+        started = time.monotonic()
+        answer = client.infer("where", [tensor], parameters={"sleep_s": 0.2, "big": 1_000_000},
+                              outputs=[httpclient.InferRequestedOutput("OUT", binary_data=True)])  # fmt: skip
+        assert answer.as_numpy("OUT").shape == (1_000_000,)
+        took.append(time.monotonic() - started)
+
+    caller = threading.Thread(target=big)
+    caller.start()
+    time.sleep(0.1)
+    try:
+        assert infer(server, 2, sleep_s=3.0)["OUT"] == [2]
+        caller.join(30)
+    finally:
+        client.close()
+    assert took and took[0] < 2.0, took

@@ -284,7 +284,7 @@ class PythonBackend:
                     responses = self._loop.run_until_complete(self.model.execute(requests))
                 else:
                     responses = self.model.execute(requests)
-            except (Exception, SystemExit, KeyboardInterrupt) as exc:  # the model's: never the worker's end
+            except BaseException as exc:  # the model's, any class (CancelledError too): not the worker's end
                 logger.exception("execute of model '%s' raised", self.config.name)
                 raise self._failed(f"{type(exc).__name__}: {exc}{model_frames(exc)}") from exc
         if any(request._sender is not None for request in requests):
