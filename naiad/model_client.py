@@ -23,7 +23,6 @@ Resolving the model and version (:func:`naiad.registry.select_version`) comes be
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -97,8 +96,10 @@ class ModelClient:
         ``timeout_s`` (None: its own timeout) by :meth:`queue` or ``answer``, and record its
         outcome with its duration here, plus ``extra`` counters (e.g. the response cache's).
         ``wait_recorded``: return only once the statistics are written (a BLS caller may read
-        them next). Raises what validation or the answer raises (a cancellation too: the
-        client went away), recorded as a failure when validation passed."""
+        them next), the write hurried rather than left to linger (:meth:`StatsWriter.flush`;
+        a BLS call waited :data:`naiad.stats_writer.LINGER_S`, 100 ms, for it before stop 43).
+        Raises what validation or the answer raises (a cancellation too: the client went
+        away), recorded as a failure when validation passed."""
         started_ns = time.perf_counter_ns()
         validate_request(entry.config, request)
         timeout_s = self.timeout_s(request) if timeout_s is None else timeout_s
@@ -107,10 +108,9 @@ class ModelClient:
         except (Exception, asyncio.CancelledError) as exc:
             self.record(request, False, started_ns, stats.failure_reason(exc), extra)
             raise
-        written = self.record(request, True, started_ns, extra=extra)
-        if wait_recorded:
-            with contextlib.suppress(Exception):  # a failed write is logged by the writer
-                await asyncio.shield(written)
+        self.record(request, True, started_ns, extra=extra)
+        if wait_recorded:  # a failed write is logged by the writer
+            await self.writer.flush()
         return response
 
     def record(

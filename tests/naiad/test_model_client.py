@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from naiad_harness import run_dispatcher_scenario
 
-from naiad import keys, stats
+from naiad import keys, stats, stats_writer
 from naiad.codec import Reply, decode_request, encode_reply
 from naiad.errors import DeadlineExceeded, InvalidInput
 from naiad.inference import InferRequest, Tensor
@@ -53,14 +53,16 @@ async def counts(redis) -> dict[str, int]:
     return {"success": inference["success"]["count"], "fail": inference["fail"]["count"]}
 
 
-def test_queue_answer_and_count(redis_url: str) -> None:
+def test_queue_answer_and_count(redis_url: str, monkeypatch) -> None:
+    monkeypatch.setattr(stats_writer, "LINGER_S", 30.0)  # wait_recorded hurries the write
+
     async def scenario(dispatcher, redis) -> None:
         await redis.delete(keys.stats(MODEL))
         client = ModelClient(dispatcher, StatsWriter(redis), request_timeout_s=30)
         sent = request(2.5, timeout=4_000_000)
         pending = asyncio.ensure_future(client.infer(ENTRY, sent, wait_recorded=True))
         timeout_s = await answer_one(redis)
-        response = await pending
+        response = await asyncio.wait_for(pending, 10)
         assert response.outputs[0].data.tolist() == [[2.5]]
         assert timeout_s == pytest.approx(4.0, abs=0.05)  # the request's own timeout, in µs
         assert await counts(redis) == {"success": 1, "fail": 0}
