@@ -36,15 +36,15 @@ T = TypeVar("T")
 _started: float | None = None  # time.monotonic() when the stall under way began
 _total = 0.0  # seconds of the stalls that ended
 _lock = threading.Lock()  # a stall's end against a thread acting for the stalled loop
-_missed: list[int] = []  # signals noted during the stall under way (keep_signals)
-_on_missed: Callable[[int], None] | None = None
+_missed = False  # a signal came during the stall under way (keep_signals)
+_on_missed: Callable[[], None] | None = None
 
 
 @contextmanager
 def stalled() -> Iterator[None]:
     """Time the block as a stall of the loop running in this thread, with no running loop
     set for it (module docstring); the running loop is set back at its end."""
-    global _started, _total
+    global _started, _total, _missed
     loop = asyncio._get_running_loop()  # noqa: SLF001 - asyncio's documented low-level API
     asyncio._set_running_loop(None)  # noqa: SLF001
     _started = started = time.monotonic()
@@ -56,26 +56,26 @@ def stalled() -> Iterator[None]:
             _total += time.monotonic() - started
         asyncio._set_running_loop(loop)  # noqa: SLF001
         if _missed and loop is not None and _on_missed is not None:
-            for signum in _missed:
-                loop.call_soon(_on_missed, signum)
-            _missed.clear()
+            loop.call_soon(_on_missed)  # idempotent: once for all the stall's signals
+            _missed = False
 
 
 def keep_signals(signals: tuple[int, ...], handler: Callable[[], None]) -> None:
-    """Hand each of ``signals`` that arrives during a stall to ``handler`` (with no argument)
-    on the loop once the stall ends (module doc). Call in the main thread after the loop's
+    """Run ``handler`` (no argument) on the loop when a stall during which any of
+    ``signals`` arrived ends (module doc). Call in the main thread after the loop's
     ``add_signal_handler`` for them, with the same idempotent handler: a signal the loop
     also got runs it twice. The Python-level handler set here only notes the signal; the
     loop's own dispatch (through the wake-up file) is unchanged."""
     global _on_missed
-    _on_missed = lambda signum: handler()  # noqa: E731
+    _on_missed = handler
     for signum in signals:
         signal.signal(signum, _note)
 
 
 def _note(signum: int, frame: Any) -> None:
+    global _missed
     if _started is not None:
-        _missed.append(signum)
+        _missed = True
 
 
 def clock() -> float:

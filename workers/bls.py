@@ -93,11 +93,11 @@ class BlsClient:
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        # made on the BLS loop, on first use, by _registry and _started
-        self.redis: Redis | None = None
-        self.registry: RegistryReader | None = None
-        self._starting: asyncio.Lock | None = None
-        self._client: ModelClient | None = None
+        # bound to the loop that first uses them (the BLS loop); no connection before that
+        self.redis = connect(redis_url)
+        self.registry = RegistryReader(self.redis)
+        self._starting = asyncio.Lock()
+        self._client: ModelClient | None = None  # with its reply reader, made by _started
         self._reader: Redis | None = None
 
     def submit(
@@ -171,24 +171,13 @@ class BlsClient:
         """The target's registry entry and version (-1: the newest it serves), by the rules a
         client's request meets at the gateway (:func:`naiad.registry.select_version`).
         Raises :class:`ModelNotFound` (Triton's message) or :class:`ModelNotReady`."""
-        entry = await self._registry().get(model) if model else None
+        entry = await self.registry.get(model) if model else None
         if entry is None:
             raise ModelNotFound(f"Request for unknown model: '{model}' is not found")
         return entry, select_version(entry, None if version == -1 else version)
 
-    def _registry(self) -> RegistryReader:
-        """The registry reader, this client's command connection made on first use (on the
-        BLS loop: nothing here awaits, so no two calls make them)."""
-        if self.registry is None:
-            self.redis = connect(self.redis_url)
-            self.registry = RegistryReader(self.redis)
-            self._starting = asyncio.Lock()
-        return self.registry
-
     async def _started(self) -> ModelClient:
         """The model client, its dispatcher's reply reader started on first use."""
-        self._registry()
-        assert self.redis is not None and self._starting is not None
         async with self._starting:
             if self._client is None:
                 self._reader = connect(self.redis_url, longest_block_s=READER_BLOCK_S)
@@ -226,7 +215,7 @@ class BlsClient:
             await _end_other_tasks()
         finally:
             for client in (self._reader, self.redis):
-                if client is not None:
+                if client is not None:  # the reader: only once a call started the dispatcher
                     await client.aclose()
 
 

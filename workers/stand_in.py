@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 import redis
 from redis.exceptions import RedisError
@@ -30,7 +31,9 @@ class HeartbeatStandIn:
     """Beats ``worker_id``'s heartbeat of ``model`` while the loop is stalled (module doc).
     ``deadline``: the heartbeat's score, as the loop's beat computes it (Unix seconds)."""
 
-    def __init__(self, redis_url: str, model: str, worker_id: str, period_s: float, deadline) -> None:
+    def __init__(
+        self, redis_url: str, model: str, worker_id: str, period_s: float, deadline: Callable[[], float]
+    ) -> None:  # fmt: skip
         self.redis_url, self.key, self.worker_id = redis_url, keys.workers(model), worker_id
         self.period_s, self.deadline = period_s, deadline
         self._stop = threading.Event()
