@@ -46,6 +46,13 @@ def test_the_hook_counts_the_calls_between_on_and_off(tmp_path: Path) -> None:
     counted = {key.rsplit(":", 1)[1]: n for key, n in found["calls"].items() if "counted.py" in key}
     assert counted == {"work": 5, "helper": 5}
     assert found["argv"] == ["-c"]
+    # times of the same window: work's inclusive time holds helper's, its self time does not
+    times = {kind: {key.rsplit(":", 1)[1]: t for key, t in found[f"{kind}_s"].items() if "counted.py" in key}
+             for kind in ("self", "inclusive")}  # fmt: skip
+    assert set(found["self_s"]) == set(found["inclusive_s"]) == set(found["calls"])
+    inner = times["inclusive"]["helper"] + times["self"]["work"]
+    assert times["inclusive"]["work"] == pytest.approx(inner, rel=1e-6, abs=1e-9) and inner > 0
+    assert 0 < times["self"]["helper"] <= times["inclusive"]["helper"]
 
 
 def test_counts_are_shown_a_request_most_called_first_with_short_paths() -> None:

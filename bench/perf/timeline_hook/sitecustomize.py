@@ -15,8 +15,9 @@ in for any ``sitecustomize`` of the system (Debian's, for apport) in those proce
 
 With ``NAIAD_CALLS_DIR`` set instead, the process runs under :mod:`cProfile` (its main
 thread: the event loop's) from start-up; at the file ``on`` in that folder it takes the call
-counts so far (and says so: a file ``counting-PID``), at ``off`` again, and writes the
-difference by function with its ``argv`` to ``calls-PID.json``.
+counts and times so far (and says so: a file ``counting-PID``), at ``off`` again, and writes
+the difference by function with its ``argv`` to ``calls-PID.json``: ``calls``, ``self_s`` and
+``inclusive_s`` (cProfile's ``inlinetime`` and ``totaltime``, seconds).
 """
 
 import os
@@ -35,6 +36,7 @@ if os.environ.get("NAIAD_TIMELINE_DIR"):
     def _wrap(owner, name: str, tag: str) -> None:
         original, clock = getattr(owner, name), time.perf_counter_ns
         if inspect.iscoroutinefunction(original):
+
             async def wrapped(*args, **kwargs):
                 if _on[0]:
                     _marks.append((tag + "<", clock()))
@@ -44,6 +46,7 @@ if os.environ.get("NAIAD_TIMELINE_DIR"):
                     if _on[0]:
                         _marks.append((tag + ">", clock()))
         else:
+
             def wrapped(*args, **kwargs):
                 if _on[0]:
                     _marks.append((tag + "<", clock()))
@@ -52,6 +55,7 @@ if os.environ.get("NAIAD_TIMELINE_DIR"):
                 finally:
                     if _on[0]:
                         _marks.append((tag + ">", clock()))
+
         setattr(owner, name, wrapped)
 
     def _patch(pending: set[str]) -> None:
@@ -95,15 +99,19 @@ if os.environ.get("NAIAD_CALLS_DIR"):  # bench.perf.calls: this process's functi
     _profile = cProfile.Profile()
     _profile.enable()  # this thread's calls only: the main thread, where the event loop runs
 
-    def _counts() -> dict[str, int]:
-        """Calls so far by function: ``file:line:name`` (a builtin: its ``<...>`` text)."""
-        counts: dict[str, int] = {}
+    def _counts() -> dict[str, list[float]]:
+        """Per function so far, ``[calls, self seconds, inclusive seconds]`` (cProfile's
+        ``callcount``, ``inlinetime``, ``totaltime``), keyed ``file:line:name`` (a builtin:
+        its ``<...>`` text)."""
+        counts: dict[str, list[float]] = {}
         for entry in _profile.getstats():
             code = entry.code
             if not isinstance(code, str):
                 code = f"{code.co_filename}:{code.co_firstlineno}:{code.co_name}"
-            key = code
-            counts[key] = counts.get(key, 0) + entry.callcount
+            row = counts.setdefault(code, [0, 0.0, 0.0])
+            row[0] += entry.callcount
+            row[1] += entry.inlinetime
+            row[2] += entry.totaltime
         return counts
 
     def _count() -> None:
@@ -115,10 +123,23 @@ if os.environ.get("NAIAD_CALLS_DIR"):  # bench.perf.calls: this process's functi
         while not os.path.exists(off):
             time.sleep(0.02)
         after = _counts()
-        counted = {key: n - before.get(key, 0) for key, n in after.items() if n > before.get(key, 0)}
+        zero = [0, 0.0, 0.0]
+        spent = {
+            key: [a - b for a, b in zip(row, before.get(key, zero), strict=True)]
+            for key, row in after.items()
+        }
+        spent = {key: row for key, row in spent.items() if row[0] > 0}
         path = os.path.join(_calls_folder, f"calls-{os.getpid()}.json")
         with open(path + ".part", "w") as out:
-            json.dump({"argv": sys.argv, "calls": counted}, out)
+            json.dump(
+                {
+                    "argv": sys.argv,
+                    "calls": {key: row[0] for key, row in spent.items()},
+                    "self_s": {key: row[1] for key, row in spent.items()},
+                    "inclusive_s": {key: row[2] for key, row in spent.items()},
+                },
+                out,
+            )
         os.replace(path + ".part", path)
 
     threading.Thread(target=_count, daemon=True, name="naiad-calls").start()
