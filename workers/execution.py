@@ -242,6 +242,7 @@ async def run_requests(
         return requests_done(runner, group, thread.call, spinners)
     requests = [queued.request for queued in group]
     rows, started_s, t1 = _rows_of(runner, requests), time.time(), time.perf_counter_ns()
+    spinners = around_model_code(spinners)
     with tracing.span("naiad.backend", {"naiad.batch_rows": rows, "naiad.batch_requests": len(group)}):
         results = await thread.run(_with_spinners, spinners, runner.backend.execute_requests, requests)  # type: ignore[attr-defined]
     return _answered(group, results, rows, started_s, t1)
@@ -255,9 +256,18 @@ def requests_done(
     the event loop's thread, now), nothing awaited."""
     requests = [queued.request for queued in group]
     rows, started_s, t1 = _rows_of(runner, requests), time.time(), time.perf_counter_ns()
+    spinners = around_model_code(spinners)
     with tracing.span("naiad.backend", {"naiad.batch_rows": rows, "naiad.batch_requests": len(group)}):
         results = call(_with_spinners, spinners, runner.backend.execute_requests, requests)  # type: ignore[attr-defined]
     return _answered(group, results, rows, started_s, t1)
+
+
+def around_model_code(spinners: spin_watch.SpinWatch | None) -> spin_watch.SpinWatch | None:
+    """Who moves the spinners around a request-level batch (a Python model's ``execute``, its
+    own Python around its framework's run): ``spinners`` when an OpenMP runtime is loaded
+    (:attr:`workers.spin_watch.SpinWatch.static_shares`), else None: they stay at
+    ``SCHED_IDLE`` through it (:mod:`workers.spin_watch`, "A Python-backend model.py")."""
+    return spinners if spinners is not None and spinners.static_shares else None
 
 
 def _rows_of(runner: ModelRunner, requests: Sequence[Any]) -> int:

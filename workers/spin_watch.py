@@ -33,7 +33,19 @@ of a batch at the normal policy, and neither the model's thread waiting to run a
 loop waiting to take its result waits behind it. Kept at ``SCHED_IDLE`` through the batches as
 well, an OpenMP pool (static shares: every run waits for each thread's) ran a PyTorch matmul
 20–30× slower with the cores busy, and ONNX Runtime's batches took 0.7–1.2 ms instead of ~0.5
-(docs/benchmarks.md, "Stop 27"). Moving a thread back from ``SCHED_IDLE`` needs root,
+(docs/benchmarks.md, "Stop 27"). A Python-backend ``model.py``'s ``execute`` is another
+matter: its own Python runs around the framework's call (the benchmark's converts each
+request in and out around one ONNX Runtime run), and a pool that spins 20–40 ms after a run
+spins through all of it at the normal policy, holding a core the gateway and the clients want.
+So the spinners stay at ``SCHED_IDLE`` through a Python model's ``execute``
+(:func:`workers.execution.around_model_code`) unless an OpenMP runtime is loaded in the
+process (:func:`openmp_loaded`, :attr:`SpinWatch.static_shares`: an OpenMP region gives each
+thread a static share and waits for all of them, so a starved thread stalls the run, as
+above); ONNX Runtime's pool gives a share no pool thread took to the calling thread. Measured
+(``digits_python`` at c32, 4 rounds each against the code before, docs/benchmarks.md "Stop
+44"): gRPC 1.06× (4 of 4), HTTP binary 1.07× (3 of 4), JSON 1.12× (4 of 4); the worker's CPU
+a JSON request 122–139 → 96–116 µs.
+Moving a thread back from ``SCHED_IDLE`` needs root,
 ``CAP_SYS_NICE`` or an ``RLIMIT_NICE`` allowing nice 0; a process without it
 (:func:`can_restore`) leaves its threads alone.
 
@@ -45,6 +57,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 from typing import NamedTuple
@@ -65,6 +78,20 @@ MIN_GAP_S = 0.0005
 MAX_GAPS = 64
 
 _TASKS = "/proc/self/task"
+#: A mapped OpenMP runtime in ``/proc/self/maps`` (``proc(5)``: a mapping's file last on its
+#: line): GNU's ``libgomp``, Intel's ``libiomp5``, LLVM's ``libomp`` (PyTorch's wheels bundle
+#: ``libgomp-<hash>.so.1``).
+_OPENMP = re.compile(rb"/lib(?:gomp|iomp5|omp)[-.][^/\n]*$", re.MULTILINE)
+
+
+def openmp_loaded(maps: str = "/proc/self/maps") -> bool:
+    """Whether an OpenMP runtime is mapped into this process (``maps``: its memory map, ``proc(5)``);
+    False when the map cannot be read."""
+    try:
+        with open(maps, "rb") as file:
+            return _OPENMP.search(file.read()) is not None
+    except OSError:
+        return False
 
 
 def thread_cpu_ns(tid: int) -> int:
@@ -158,6 +185,10 @@ class SpinWatch:
         self._reading: dict[int, Reading] = {}  # tid -> its reading at the last batch end
         self._read_at: float | None = None
         self._awake: dict[int, int] = {}  # the judged threads -> ns awake summed over the gaps
+        #: An OpenMP runtime is loaded (:func:`openmp_loaded`): a Python model's ``execute`` then
+        #: runs with the spinners at ``SCHED_OTHER`` too (module doc). Looked at once a check
+        #: period while spinners are known and it is False (a model may import one late).
+        self.static_shares = False
         self._summed_s = 0.0  # the gaps' time so far
         self._gaps = 0
         self._policy = os.SCHED_OTHER  # where the spinners are now (a new one: SCHED_OTHER)
@@ -188,6 +219,8 @@ class SpinWatch:
                 return
             self._next = now + self.check_s
             self._awake = {tid: 0 for tid in self._candidates()}
+            if self.spinners and not self.static_shares:
+                self.static_shares = openmp_loaded()
         self._reading = {}
         for tid in list(self._awake):
             try:
@@ -242,6 +275,7 @@ class SpinWatch:
                 if not set_policy(tid, self._policy):  # where the others are
                     continue
                 self.spinners.add(tid)
+                self.static_shares = self.static_shares or openmp_loaded()
                 logger.info("thread %d busy-waited between batches (awake %.0f %% of %.2f ms over %d "
                             "gaps): it runs at SCHED_IDLE outside batches from now", tid, share * 100,
                             self._summed_s * 1e3, self._gaps)

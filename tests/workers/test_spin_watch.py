@@ -239,3 +239,61 @@ def test_a_spinner_found_as_a_batch_starts_is_idle_though_the_batch_never_comput
     assert watch.spinners <= idle_threads()  # at SCHED_IDLE from the judgment on
     watch.batch_ended()
     assert watch.spinners <= idle_threads()
+
+
+@pytest.mark.parametrize(
+    ("mapped", "expected"),
+    [("/usr/lib/x86_64-linux-gnu/libgomp.so.1.0.0", True),
+     ("/venv/lib/python3.11/site-packages/torch.libs/libgomp-a34b3233.so.1", True),
+     ("/opt/intel/lib/libiomp5.so", True),
+     ("/usr/lib/llvm-16/lib/libomp.so.5", True),
+     ("/venv/site-packages/onnxruntime/capi/libonnxruntime_providers_shared.so", False),
+     ("/venv/site-packages/numpy.libs/libopenblas64_p-r0-0cf96a72.3.23.dev.so", False),
+     ("/usr/lib/libompitrace.so", False)],
+)  # fmt: skip
+def test_an_openmp_runtime_is_found_in_the_memory_map(tmp_path, mapped, expected):
+    line = f"7f9aed800000-7f9aed837000 r-xp 00000000 fe:00 5400416                    {mapped}\n"
+    maps = tmp_path / "maps"
+    maps.write_text(
+        "55d0c0a00000-55d0c0a2b000 r--p 00000000 fe:00 1 /usr/bin/python3.11\n" + line + "[heap]\n"
+    )
+    assert spin_watch.openmp_loaded(str(maps)) is expected
+    assert spin_watch.openmp_loaded(str(tmp_path / "gone")) is False
+
+
+@pytest.mark.parametrize("static_shares", [False, True])
+def test_a_python_models_execute_keeps_the_spinners_idle_unless_openmp_is_loaded(
+    tmp_path, monkeypatch, static_shares
+):
+    """A request-level batch (a ``model.py``'s ``execute``: its own Python around a framework
+    run) leaves the spinners at SCHED_IDLE while it runs, unless an OpenMP runtime is loaded
+    (static shares: then at SCHED_OTHER, as a framework backend's batch); idle after it."""
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    from naiad.codec import QueuedRequest  # noqa: PLC0415
+    from naiad.errors import InferenceFailed  # noqa: PLC0415
+    from naiad.inference import InferRequest  # noqa: PLC0415
+
+    monkeypatch.setattr(spin_watch, "openmp_loaded", lambda: static_shares)  # this process's map
+    sess = session(True, tmp_path / "m.onnx")
+    x = np.ones((ROWS, WIDTH), np.float32)
+    watch = SpinWatch(check_s=0.0)
+    batches(watch, lambda: sess.run(None, {"x": x}))
+    assert watch.spinners, "the spinning pool thread was not found"
+    assert watch.static_shares is static_shares  # looked at as the spinner was found
+    seen: list[set[int]] = []
+
+    def execute_requests(requests):
+        sess.run(None, {"x": x})
+        seen.append(watch.spinners & idle_threads())
+        return [InferenceFailed("answered") for _ in requests]
+
+    runner = SimpleNamespace(config=SimpleNamespace(max_batch_size=0),
+                             backend=SimpleNamespace(execute_requests=execute_requests))  # fmt: skip
+    group = [QueuedRequest("q1", InferRequest("m", 1, [], []), "r", 1e12, time.time())]
+    watch.batch_started()
+    payloads, run = execution.requests_done(runner, group, lambda f, *a: f(*a), watch)
+    watch.batch_ended()
+    assert len(payloads) == 1 and len(run.queue_ns) == 1
+    assert seen == [set() if static_shares else watch.spinners]
+    assert watch.spinners <= idle_threads()
