@@ -264,8 +264,9 @@ def requests_done(
 
 def around_model_code(spinners: spin_watch.SpinWatch | None) -> spin_watch.SpinWatch | None:
     """Who moves the spinners around a request-level batch (a Python model's ``execute``, its
-    own Python around its framework's run): ``spinners`` when an OpenMP runtime is loaded
-    (:attr:`workers.spin_watch.SpinWatch.static_shares`), else None: they stay at
+    own Python around its framework's run): ``spinners`` when a library whose parallel runs
+    wait for every pool thread is loaded (an OpenMP runtime, TensorFlow:
+    :attr:`workers.spin_watch.SpinWatch.static_shares`), else None: they stay at
     ``SCHED_IDLE`` through it (:mod:`workers.spin_watch`, "A Python-backend model.py")."""
     return spinners if spinners is not None and spinners.static_shares else None
 

@@ -38,10 +38,11 @@ matter: its own Python runs around the framework's call (the benchmark's convert
 request in and out around one ONNX Runtime run), and a pool that spins 20–40 ms after a run
 spins through all of it at the normal policy, holding a core the gateway and the clients want.
 So the spinners stay at ``SCHED_IDLE`` through a Python model's ``execute``
-(:func:`workers.execution.around_model_code`) unless an OpenMP runtime is loaded in the
-process (:func:`openmp_loaded`, :attr:`SpinWatch.static_shares`: an OpenMP region gives each
-thread a static share and waits for all of them, so a starved thread stalls the run, as
-above); ONNX Runtime's pool gives a share no pool thread took to the calling thread. Measured
+(:func:`workers.execution.around_model_code`) unless the process has loaded a library whose
+parallel runs wait for every pool thread's share (:func:`static_shares_loaded`,
+:attr:`SpinWatch.static_shares`: an OpenMP region, TensorFlow's Eigen pool; a starved thread
+stalls the run, as above); ONNX Runtime's pool gives a share no pool thread took to the
+calling thread. Measured
 (``digits_python`` at c32, 4 rounds each against the code before, docs/benchmarks.md "Stop
 44"): gRPC 1.06× (4 of 4), HTTP binary 1.07× (3 of 4), JSON 1.12× (4 of 4); the worker's CPU
 a JSON request 122–139 → 96–116 µs.
@@ -78,18 +79,23 @@ MIN_GAP_S = 0.0005
 MAX_GAPS = 64
 
 _TASKS = "/proc/self/task"
-#: A mapped OpenMP runtime in ``/proc/self/maps`` (``proc(5)``: a mapping's file last on its
-#: line): GNU's ``libgomp``, Intel's ``libiomp5``, LLVM's ``libomp`` (PyTorch's wheels bundle
-#: ``libgomp-<hash>.so.1``).
-_OPENMP = re.compile(rb"/lib(?:gomp|iomp5|omp)[-.][^/\n]*$", re.MULTILINE)
+#: A mapped library whose parallel runs wait for each pool thread's static share, in
+#: ``/proc/self/maps`` (``proc(5)``: a mapping's file last on its line): an OpenMP runtime
+#: (GNU's ``libgomp``, Intel's ``libiomp5``, LLVM's ``libomp``; PyTorch's and scikit-learn's
+#: wheels bundle ``libgomp-<hash>.so.1``) or TensorFlow's (its Eigen pool's ``parallelFor``
+#: waits on a barrier for every shard).
+_STATIC_SHARES = re.compile(
+    rb"/(?:lib(?:gomp|iomp5|omp)[-.]|libtensorflow_framework\.so)[^/\n]*$", re.MULTILINE
+)
 
 
-def openmp_loaded(maps: str = "/proc/self/maps") -> bool:
-    """Whether an OpenMP runtime is mapped into this process (``maps``: its memory map, ``proc(5)``);
+def static_shares_loaded(maps: str = "/proc/self/maps") -> bool:
+    """Whether a library whose parallel runs wait for every pool thread's share (an OpenMP
+    runtime, TensorFlow) is mapped into this process (``maps``: its memory map, ``proc(5)``);
     False when the map cannot be read."""
     try:
         with open(maps, "rb") as file:
-            return _OPENMP.search(file.read()) is not None
+            return _STATIC_SHARES.search(file.read()) is not None
     except OSError:
         return False
 
@@ -185,9 +191,10 @@ class SpinWatch:
         self._reading: dict[int, Reading] = {}  # tid -> its reading at the last batch end
         self._read_at: float | None = None
         self._awake: dict[int, int] = {}  # the judged threads -> ns awake summed over the gaps
-        #: An OpenMP runtime is loaded (:func:`openmp_loaded`): a Python model's ``execute`` then
-        #: runs with the spinners at ``SCHED_OTHER`` too (module doc). Looked at once a check
-        #: period while spinners are known and it is False (a model may import one late).
+        #: A library with static shares is loaded (:func:`static_shares_loaded`): a Python
+        #: model's ``execute`` then runs with the spinners at ``SCHED_OTHER`` too (module doc).
+        #: Looked at once a check period while spinners are known and it is False (a model may
+        #: import one late).
         self.static_shares = False
         self._summed_s = 0.0  # the gaps' time so far
         self._gaps = 0
@@ -220,7 +227,7 @@ class SpinWatch:
             self._next = now + self.check_s
             self._awake = {tid: 0 for tid in self._candidates()}
             if self.spinners and not self.static_shares:
-                self.static_shares = openmp_loaded()
+                self.static_shares = static_shares_loaded()
         self._reading = {}
         for tid in list(self._awake):
             try:
@@ -275,7 +282,7 @@ class SpinWatch:
                 if not set_policy(tid, self._policy):  # where the others are
                     continue
                 self.spinners.add(tid)
-                self.static_shares = self.static_shares or openmp_loaded()
+                self.static_shares = self.static_shares or static_shares_loaded()
                 logger.info("thread %d busy-waited between batches (awake %.0f %% of %.2f ms over %d "
                             "gaps): it runs at SCHED_IDLE outside batches from now", tid, share * 100,
                             self._summed_s * 1e3, self._gaps)

@@ -247,22 +247,24 @@ def test_a_spinner_found_as_a_batch_starts_is_idle_though_the_batch_never_comput
      ("/venv/lib/python3.11/site-packages/torch.libs/libgomp-a34b3233.so.1", True),
      ("/opt/intel/lib/libiomp5.so", True),
      ("/usr/lib/llvm-16/lib/libomp.so.5", True),
+     ("/venv/site-packages/tensorflow/libtensorflow_framework.so.2", True),
+     ("/venv/site-packages/tensorflow/libtensorflow_cc.so.2", False),
      ("/venv/site-packages/onnxruntime/capi/libonnxruntime_providers_shared.so", False),
      ("/venv/site-packages/numpy.libs/libopenblas64_p-r0-0cf96a72.3.23.dev.so", False),
      ("/usr/lib/libompitrace.so", False)],
 )  # fmt: skip
-def test_an_openmp_runtime_is_found_in_the_memory_map(tmp_path, mapped, expected):
+def test_a_library_with_static_shares_is_found_in_the_memory_map(tmp_path, mapped, expected):
     line = f"7f9aed800000-7f9aed837000 r-xp 00000000 fe:00 5400416                    {mapped}\n"
     maps = tmp_path / "maps"
     maps.write_text(
         "55d0c0a00000-55d0c0a2b000 r--p 00000000 fe:00 1 /usr/bin/python3.11\n" + line + "[heap]\n"
     )
-    assert spin_watch.openmp_loaded(str(maps)) is expected
-    assert spin_watch.openmp_loaded(str(tmp_path / "gone")) is False
+    assert spin_watch.static_shares_loaded(str(maps)) is expected
+    assert spin_watch.static_shares_loaded(str(tmp_path / "gone")) is False
 
 
 @pytest.mark.parametrize("static_shares", [False, True])
-def test_a_python_models_execute_keeps_the_spinners_idle_unless_openmp_is_loaded(
+def test_a_python_models_execute_keeps_the_spinners_idle_unless_static_shares_are_loaded(
     tmp_path, monkeypatch, static_shares
 ):
     """A request-level batch (a ``model.py``'s ``execute``: its own Python around a framework
@@ -274,7 +276,7 @@ def test_a_python_models_execute_keeps_the_spinners_idle_unless_openmp_is_loaded
     from naiad.errors import InferenceFailed  # noqa: PLC0415
     from naiad.inference import InferRequest  # noqa: PLC0415
 
-    monkeypatch.setattr(spin_watch, "openmp_loaded", lambda: static_shares)  # this process's map
+    monkeypatch.setattr(spin_watch, "static_shares_loaded", lambda: static_shares)  # this process's map
     sess = session(True, tmp_path / "m.onnx")
     x = np.ones((ROWS, WIDTH), np.float32)
     watch = SpinWatch(check_s=0.0)
