@@ -299,3 +299,25 @@ def test_a_python_models_execute_keeps_the_spinners_idle_unless_static_shares_ar
     assert len(payloads) == 1 and len(run.queue_ns) == 1
     assert seen == [set() if static_shares else watch.spinners]
     assert watch.spinners <= idle_threads()
+
+
+def test_a_library_with_static_shares_loaded_after_the_spinners_were_found_is_seen_a_period_later(
+    tmp_path, monkeypatch
+):
+    """A ``model.py`` that imports PyTorch lazily, after the spinners were judged: the next
+    judgment (a check period on) looks at the memory map again and turns the rule on."""
+    loaded = [False]
+    monkeypatch.setattr(spin_watch, "static_shares_loaded", lambda: loaded[0])
+    sess = session(True, tmp_path / "m.onnx")
+    x = np.ones((ROWS, WIDTH), np.float32)
+    watch = SpinWatch(check_s=0.2)
+    batches(watch, lambda: sess.run(None, {"x": x}))
+    assert watch.spinners, "the spinning pool thread was not found"
+    assert watch.static_shares is False and execution.around_model_code(watch) is None
+    loaded[0] = True  # the model imports it now
+    watch.batch_started()
+    watch.batch_ended()
+    time.sleep(0.25)  # a check period later
+    watch.batch_started()
+    watch.batch_ended()
+    assert watch.static_shares is True and execution.around_model_code(watch) is watch
