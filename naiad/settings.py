@@ -187,6 +187,12 @@ class Settings(BaseSettings):
     root, ``CAP_SYS_NICE`` or ``RLIMIT_NICE``, else off; ``--demote-spinning-threads false``
     leaves them alone)."""
 
+    onnxruntime_spinning: bool = False
+    """A worker keeps ONNX Runtime's own default for the sessions a Python model builds
+    without a word on spinning (``session.intra_op.allow_spinning`` 1: idle intra-op threads
+    busy-wait after each run). Default false: such sessions do not spin, as Naiad's ONNX
+    backend's (:mod:`workers.ort_spinning`); a session that sets the key is left as asked."""
+
     warm_pool_size: int = Field(default=1, ge=0)
     """Generic worker processes the local scaler keeps started ahead of need (interpreter up,
     frameworks imported, connected to Redis, no model yet); a cold start claims one and pays

@@ -45,6 +45,8 @@ COMMON_FLAGS = {
     "--log-error": ("log_error", _bool, "true or false: ERROR records"),
     "--demote-spinning-threads": ("demote_spinning_threads", _bool, "true or false: a worker runs its "
                                   "model's framework threads that busy-wait at SCHED_IDLE between batches"),
+    "--onnxruntime-spinning": ("onnxruntime_spinning", _bool, "true or false: ONNX Runtime sessions a Python "
+                               "model builds without a word on spinning keep ONNX Runtime's default (spin)"),
     "--python-on-loop": ("python_on_loop", _bool, "true or false: a worker runs its Python model on its "
                          "event loop's thread (false: a thread of its own)"),
 }

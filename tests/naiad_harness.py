@@ -265,6 +265,15 @@ def run_server(repository: str | Path, workdir: Path, **kwargs) -> Iterator[Naia
         server.stop()
 
 
+def python_model(folder: Path, name: str, config: str, model_py: str) -> Path:
+    """A repository at ``folder`` holding one Python-backend model ``name``: ``config`` as its
+    ``config.pbtxt`` and ``model_py`` as version 1's ``model.py``. Returns ``folder``."""
+    (folder / name / "1").mkdir(parents=True)
+    (folder / name / "config.pbtxt").write_text(config)
+    (folder / name / "1" / "model.py").write_text(model_py)
+    return folder
+
+
 def upload_tree(endpoint: str, bucket: str, folder: Path, prefix: str) -> None:
     """Upload every file under ``folder`` to ``s3://bucket/prefix/...`` over S3's REST API."""
     import boto3

@@ -27,7 +27,7 @@ from naiad.registry import ModelEntry
 from naiad.settings import Settings
 from repository_store import ModelCache, RepositoryStore, backend_of, index_model, open_store
 from repository_store.cache import PullStats
-from workers import rate_limiter
+from workers import ort_spinning, rate_limiter
 from workers.backends import load_backend
 from workers.model import ModelRunner
 from workers.model_thread import ModelThread
@@ -101,6 +101,8 @@ class VersionLoader:
         if self.entry.state != "READY" or self.entry.config is None:
             raise ModelNotReady(f"model '{self.model}' is not ready: {self.entry.reason}")
         self.thread.on_loop = runs_on_loop(self.entry.config, self.settings)
+        if backend_of(self.entry.config) == "python" and not self.settings.onnxruntime_spinning:
+            ort_spinning.install()  # before the model's file is imported
         await self.get(max(self.entry.versions))
         return self.entry
 

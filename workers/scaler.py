@@ -99,6 +99,7 @@ class LocalScaler:
             *(["--rate-limit-host", self.settings.rate_limit_host] if self.settings.rate_limit_host else []),
             "--demote-spinning-threads", str(self.settings.demote_spinning_threads).lower(),
             "--python-on-loop", str(self.settings.python_on_loop).lower(),
+            "--onnxruntime-spinning", str(self.settings.onnxruntime_spinning).lower(),
             *self.log_flags(),
         ]  # fmt: skip
 

@@ -1,7 +1,7 @@
-"""A ``model.py`` whose ONNX Runtime session spins (ONNX Runtime's default) served by ``naiad
-serve``: once batches run, the worker's spinning pool thread is at SCHED_IDLE, its answers
-unchanged; with ``--demote-spinning-threads false`` it is left at the normal policy
-(``workers.spin_watch``)."""
+"""A ``model.py`` whose ONNX Runtime session spins (it asks to: without a word on it, a
+worker's sessions do not spin, ``workers.ort_spinning``) served by ``naiad serve``: once batches
+run, the worker's spinning pool thread is at SCHED_IDLE, its answers unchanged; with
+``--demote-spinning-threads false`` it is left at the normal policy (``workers.spin_watch``)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
+from naiad_harness import python_model
 
 from workers import spin_watch
 
@@ -46,7 +47,8 @@ class TritonPythonModel:
         path = Path(args["model_repository"]) / "matmul.onnx"
         save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
         options = ort.SessionOptions()
-        options.intra_op_num_threads = 2  # spinning: ONNX Runtime's default
+        options.intra_op_num_threads = 2
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1")  # asked: kept
         self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
     def execute(self, requests):
@@ -60,10 +62,7 @@ class TritonPythonModel:
 
 
 def repository(folder):
-    (folder / "spinner" / "1").mkdir(parents=True)
-    (folder / "spinner" / "config.pbtxt").write_text(CONFIG)
-    (folder / "spinner" / "1" / "model.py").write_text(MODEL)
-    return folder
+    return python_model(folder, "spinner", CONFIG, MODEL)
 
 
 def idle_threads(server) -> list[int]:

@@ -33,6 +33,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.errors import InvalidInput
 from repository_store import default_model_filename
+from workers.ort_spinning import SPINNING, SPINNING_DEFAULT
 
 logger = logging.getLogger(__name__)
 
@@ -85,9 +86,6 @@ THREAD_PARAMETERS = {"intra_op_thread_count": "intra_op_num_threads",
                      "inter_op_thread_count": "inter_op_num_threads"}  # fmt: skip
 #: The most threads a thread-count parameter may ask for (a larger value is ignored).
 MAX_THREADS = 1024
-#: ONNX Runtime's session config key for spinning idle intra-op threads, and Naiad's default.
-SPINNING = "session.intra_op.allow_spinning"
-SPINNING_DEFAULT = "0"
 
 
 def _parameter(config: mc.ModelConfig | None, key: str) -> str | None:
