@@ -182,16 +182,17 @@ ENCODINGS = (("json", "http", "json"), ("binary", "http", "binary"), ("grpc", "g
 
 def peers(run: Run, repo: Path) -> dict:
     """Every server on the digits MLP, one after another. Naiad and Triton serve the same
-    Python-backend ``model.py`` (``digits_python``); Naiad also its ONNX backend (``digits``);
-    the floor, MLServer and KServe the ONNX graph. JSON, binary tensors and gRPC where the
-    server speaks them (the floor, MLServer and KServe: JSON)."""
-    onnx, python = "digits", "digits_python"
+    Python-backend ``model.py`` (``digits_python``); Naiad also its ONNX backend on the same
+    graph and scheduling (``digits_onnx``: ``max_batch_size: 32``, ``dynamic_batching { }``,
+    issue 14's setup); the floor, MLServer and KServe the ONNX graph (``digits``). JSON,
+    binary tensors and gRPC where the server speaks them (the floor, MLServer and KServe: JSON)."""
+    onnx, python, naiad_onnx = "digits", "digits_python", "digits_onnx"
     logs = run.logs
     starters: list[tuple[str, Callable[[], Server], list[tuple[str, str]]]] = [
         ("floor", lambda: start_floor(repo, logs, [onnx]), [("floor", onnx)]),
         ("triton", lambda: start_triton(repo, logs, [python]), [("triton python", python)]),
-        ("naiad", lambda: start_naiad(repo, logs, [onnx, python], naiad_args(run)),
-         [("naiad onnx", onnx), ("naiad python", python)]),
+        ("naiad", lambda: start_naiad(repo, logs, [naiad_onnx, python], naiad_args(run)),
+         [("naiad onnx", naiad_onnx), ("naiad python", python)]),
         ("mlserver", lambda: start_mlserver(repo, logs, onnx, adaptive_batching=False), [("mlserver", onnx)]),
         ("mlserver", lambda: start_mlserver(repo, logs, onnx, True, name="mlserver-batching"),
          [("mlserver adaptive batching", onnx)]),

@@ -15,6 +15,10 @@
   (``bench/peers/digits_python/model.py``: ONNX Runtime over the whole batch), config
   ``max_batch_size: 32``, ``dynamic_batching { }``, one CPU instance: the one model real Triton
   (whose wheel has no ONNX backend) and Naiad serve unchanged, side by side.
+- ``digits_onnx``: the same ``digits`` graph on Naiad's ONNX backend under ``digits_python``'s
+  scheduling (``max_batch_size: 32``, ``dynamic_batching { }``, one CPU instance): issue 14's
+  setup for the peers comparison, where the example ``digits`` cuts its batches at its
+  preferred sizes 8 and 16 and takes up to 64.
 
 Both configs of a pair differ only in the ``dynamic_batching`` block. The batched ones run with
 ``max_queue_delay_microseconds: 0`` (:data:`QUEUE_DELAY_US`; Triton's advice for a
@@ -79,6 +83,8 @@ dynamic_batching { }
 instance_group [ { kind: KIND_CPU count: 1 } ]
 """
 PYTHON_MODEL = ROOT / "bench" / "peers" / "digits_python" / "model.py"
+ONNX_PEER_CONFIG = PYTHON_CONFIG.replace('name: "digits_python"\nbackend: "python"',
+                                         'name: "digits_onnx"\nplatform: "onnxruntime_onnx"')
 
 #: The batched benchmark models' ``max_queue_delay_microseconds``.
 QUEUE_DELAY_US = 0
@@ -89,6 +95,7 @@ SIGNATURES = {
     "digits": ([("input", "FP32", [64])], ["probabilities", "label"]),
     "digits_cnn": ([("input", "FP32", [64])], ["probabilities"]),
     "digits_python": ([("input", "FP32", [64])], ["probabilities", "label"]),
+    "digits_onnx": ([("input", "FP32", [64])], ["probabilities", "label"]),
 }
 
 
@@ -164,6 +171,14 @@ def build_digits_python(repository: Path) -> None:
     graph = (repository / "digits" / "1" / "model.onnx").read_bytes()
     write_model(repository, "digits_python", PYTHON_CONFIG, graph)
     shutil.copy(PYTHON_MODEL, repository / "digits_python" / "1" / "model.py")
+
+
+def build_digits_onnx(repository: Path) -> None:
+    """``digits_onnx``: the ``digits`` graph (built if missing) under :data:`ONNX_PEER_CONFIG`."""
+    if not (repository / "digits" / "1" / "model.onnx").exists():
+        build_digits(repository)
+    graph = (repository / "digits" / "1" / "model.onnx").read_bytes()
+    write_model(repository, "digits_onnx", ONNX_PEER_CONFIG, graph)
 
 
 def cnn_module():
@@ -290,6 +305,7 @@ BUILDERS = {
     "digits": build_digits,
     "digits_cnn": build_cnn,
     "digits_python": build_digits_python,
+    "digits_onnx": build_digits_onnx,
 }
 
 
@@ -299,8 +315,8 @@ def ensure_repository(
     """Build the missing ``models`` (all by default) into ``repository``; returns it."""
     repository.mkdir(parents=True, exist_ok=True)
     for name in models:
-        if name == "digits_python":  # cheap, and model.py may have changed
-            build_digits_python(repository)
+        if name in ("digits_python", "digits_onnx"):  # cheap, and their files may have changed
+            BUILDERS[name](repository)
         elif rebuild or not (repository / name / "config.pbtxt").exists():
             started = time.monotonic()
             BUILDERS[name](repository)
