@@ -18,8 +18,9 @@ output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] },
          { name: "spinning" data_type: TYPE_STRING dims: [ 1 ] } ]
 """
 
-# onnxruntime is imported in initialize, after the worker installed its default: the import
-# hook's path (an import at the top of the file, or a framework pool's, takes the other one).
+# onnxruntime is imported in initialize. A warm-pool process (the default: ONNX Runtime's pool)
+# imported it before its claim, so its class is patched at once; without a pool
+# (--warm-pool-size 0) it is imported after the worker installed its default: the import hook.
 MODEL = '''
 from pathlib import Path
 
@@ -62,7 +63,9 @@ def repository(folder):
     return python_model(folder, "ortcfg", CONFIG, MODEL)
 
 
-@pytest.mark.parametrize(("extra", "expected"), [([], b"0"), (["--onnxruntime-spinning", "true"], b"unset")])
+@pytest.mark.parametrize(("extra", "expected"), [
+    ([], b"0"), (["--warm-pool-size", "0"], b"0"), (["--onnxruntime-spinning", "true"], b"unset"),
+    (["--warm-pool-size", "0", "--onnxruntime-spinning", "true"], b"unset")])
 def test_a_python_models_onnxruntime_session_does_not_spin(naiad_server, tmp_path, extra, expected):
     server = naiad_server(repository(tmp_path / "repo"), extra_args=extra)
     client = httpclient.InferenceServerClient(server.url)

@@ -58,3 +58,29 @@ def test_sessions_without_a_word_on_spinning_do_not_spin(order):
 
 def test_without_install_onnxruntime_keeps_its_default():
     assert run(CHECK) == ["unset", "unset", "1", "2"]
+
+
+def test_what_is_not_session_options_is_onnx_runtimes_to_judge():
+    # options of another type (a providers list in their place), or a falsy value: what ONNX
+    # Runtime makes of it without the patch (its own error; its defaults)
+    bad = CHECK + """
+for bad in (["CPUExecutionProvider"], "options", 0, None):
+    for providers in (None, ["CPUExecutionProvider"]):
+        try:
+            ort.InferenceSession(model, bad, providers)
+            print("built")
+        except Exception as exc:
+            print(type(exc).__name__)
+"""
+    assert run(INSTALL + bad)[4:] == run(bad)[4:]
+
+
+def test_a_fresh_copy_of_the_module_is_patched_too():
+    source = "import onnxruntime\n" + INSTALL + """
+import importlib, sys
+from workers.ort_spinning import SESSION_MODULE, _PATCHED
+del sys.modules[SESSION_MODULE]
+module = importlib.import_module(SESSION_MODULE)
+print(getattr(module.InferenceSession.__init__, _PATCHED, False), hasattr(module.__loader__, "get_source"))
+"""
+    assert run(source) == ["True", "True"]
