@@ -20,9 +20,9 @@ ONNX Runtime's default; the spin watch still demotes their spinners. ``--onnxrun
 true`` (:attr:`naiad.settings.Settings.onnxruntime_spinning`) keeps ONNX Runtime's own default.
 
 The spin watch (:mod:`workers.spin_watch`) still finds and demotes other frameworks'
-spinners; an ONNX Runtime pool that spins at ``SCHED_IDLE`` still cost the benchmark's
-``digits_python`` at c32 1.10× (JSON) and 1.11× (binary) of its throughput, and half of its
-worker's CPU a request (docs/benchmarks.md, "Stop 45").
+spinners; with an ONNX Runtime pool spinning at ``SCHED_IDLE`` the benchmark's
+``digits_python`` ran at c32 1.10× (JSON) to 1.17× (gRPC) slower than without, its worker at
+twice the CPU a request (docs/benchmarks.md, "Stop 45").
 
 Where ONNX Runtime is imported when :func:`install` runs (a warm-pool process imports its
 framework before its claim), its class is patched at once; an import hook on ``sys.meta_path``
